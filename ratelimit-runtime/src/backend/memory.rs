@@ -1,0 +1,299 @@
+//! The in-process store: the embedded default, and the insurance limiter
+//! while Redis is unavailable.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use super::{Backend, fixed_window_decision};
+use crate::clock::{Clock, SystemClock};
+use crate::{Algorithm, Decision, Error, Rule};
+
+/// How many independently locked shards the keys are spread over, so tasks on
+/// different keys rarely wait for each other.
+const SHARDS: usize = 64;
+
+/// A shard sweeps out expired keys when it grows past this many (and then
+/// past twice what survived the last sweep), so memory follows the live keys
+/// without a background task.
+const MIN_SWEEP_LEN: usize = 1024;
+
+/// Budgets kept in process memory, sharded by key.
+///
+/// Cheap to clone (clones share the store). Expired keys are reclaimed as new
+/// keys arrive; nothing needs to be called for that.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit_runtime::{ManualClock, Rule, backend::memory::MemoryBackend};
+///
+/// let clock = ManualClock::new();
+/// let store = MemoryBackend::with_clock(clock.clone());
+/// let rule = Rule::fixed_window(1, Duration::from_secs(1));
+/// assert!(store.check_now(&rule, "k", 1).allowed);
+/// assert!(!store.check_now(&rule, "k", 1).allowed);
+/// clock.advance(Duration::from_secs(1));
+/// assert!(store.check_now(&rule, "k", 1).allowed);
+/// ```
+#[derive(Clone, Debug)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shards: Box<[Shard]>,
+    hasher: RandomState,
+    clock: Box<dyn Clock>,
+}
+
+/// One lock's worth of keys, on its own cache line.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Shard {
+    map: Mutex<ShardMap>,
+}
+
+#[derive(Debug)]
+struct ShardMap {
+    entries: HashMap<Box<str>, State>,
+    sweep_at: usize,
+}
+
+impl Default for ShardMap {
+    fn default() -> Self {
+        ShardMap {
+            entries: HashMap::new(),
+            sweep_at: MIN_SWEEP_LEN,
+        }
+    }
+}
+
+/// What one key holds, in nanoseconds of the backend's clock.
+#[derive(Clone, Copy, Debug)]
+enum State {
+    FixedWindow { used: u64, ends_at: u64 },
+}
+
+impl State {
+    fn expired(&self, now: u64) -> bool {
+        match *self {
+            State::FixedWindow { ends_at, .. } => now >= ends_at,
+        }
+    }
+}
+
+impl MemoryBackend {
+    /// A store on the system's monotonic clock.
+    pub fn new() -> MemoryBackend {
+        MemoryBackend::with_clock(SystemClock::new())
+    }
+
+    /// A store on the given clock (a [`ManualClock`](crate::ManualClock) in tests).
+    pub fn with_clock(clock: impl Clock) -> MemoryBackend {
+        MemoryBackend::with_boxed_clock(Box::new(clock))
+    }
+
+    pub(crate) fn with_boxed_clock(clock: Box<dyn Clock>) -> MemoryBackend {
+        MemoryBackend {
+            inner: Arc::new(Inner {
+                shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+                hasher: RandomState::new(),
+                clock,
+            }),
+        }
+    }
+
+    /// Checks and consumes synchronously; this store never waits on I/O.
+    ///
+    /// `cost` must be between 1 and the rule's capacity (the limiter checks
+    /// this); a larger cost is simply refused.
+    pub fn check_now(&self, rule: &Rule, key: &str, cost: u64) -> Decision {
+        let now = nanos(self.inner.clock.now());
+        let mut shard = self.shard(key);
+        match rule.algorithm() {
+            Algorithm::FixedWindow => fixed_window(&mut shard, rule, key, cost, now),
+        }
+    }
+
+    /// How many keys the store holds, expired ones not yet reclaimed included.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).entries.len()).sum()
+    }
+
+    /// Whether the store holds no keys.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard(&self, key: &str) -> MutexGuard<'_, ShardMap> {
+        let index = self.inner.hasher.hash_one(key) as usize % SHARDS;
+        lock(&self.inner.shards[index])
+    }
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        MemoryBackend::new()
+    }
+}
+
+impl Backend for MemoryBackend {
+    async fn check(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
+        Ok(self.check_now(rule, key, cost))
+    }
+}
+
+/// A poisoned shard only means another thread panicked while holding it; the
+/// counters in it are still whole numbers, so keep serving.
+fn lock(shard: &Shard) -> MutexGuard<'_, ShardMap> {
+    shard.map.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn fixed_window(shard: &mut ShardMap, rule: &Rule, key: &str, cost: u64, now: u64) -> Decision {
+    let period = rule.period_ms() * 1_000_000;
+    let limit = rule.count();
+    let (used, ends_at) = match shard.entries.get(key) {
+        Some(&State::FixedWindow { used, ends_at }) if now < ends_at => (used, ends_at),
+        // Missing, expired, or left by a rule of another algorithm under the
+        // same key: a fresh window.
+        _ => (0, now.saturating_add(period)),
+    };
+    let reset_after = Duration::from_nanos(ends_at - now);
+    if used.saturating_add(cost) > limit {
+        let remaining = limit.saturating_sub(used);
+        return fixed_window_decision(rule, false, remaining, reset_after, cost);
+    }
+    let state = State::FixedWindow {
+        used: used + cost,
+        ends_at,
+    };
+    match shard.entries.get_mut(key) {
+        Some(slot) => *slot = state,
+        None => insert(shard, key, state, now),
+    }
+    fixed_window_decision(rule, true, limit - used - cost, reset_after, cost)
+}
+
+fn insert(shard: &mut ShardMap, key: &str, state: State, now: u64) {
+    if shard.entries.len() >= shard.sweep_at {
+        shard.entries.retain(|_, s| !s.expired(now));
+        shard.sweep_at = (shard.entries.len() * 2).max(MIN_SWEEP_LEN);
+    }
+    shard.entries.insert(key.into(), state);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ManualClock;
+
+    fn rule(count: u64, period_ms: u64) -> Rule {
+        Rule::fixed_window(count, Duration::from_millis(period_ms))
+    }
+
+    #[test]
+    fn window_starts_at_first_call_and_rejections_consume_nothing() {
+        let clock = ManualClock::new();
+        let store = MemoryBackend::with_clock(clock.clone());
+        let r = rule(3, 1000);
+        clock.advance(Duration::from_millis(250));
+        for expected_remaining in [2, 1, 0] {
+            let d = store.check_now(&r, "k", 1);
+            assert!(d.allowed);
+            assert_eq!(d.remaining, expected_remaining);
+            assert_eq!(d.reset_after, Duration::from_millis(1000));
+        }
+        clock.advance(Duration::from_millis(400));
+        for _ in 0..5 {
+            let d = store.check_now(&r, "k", 1);
+            assert!(!d.allowed);
+            assert_eq!(d.remaining, 0);
+            assert_eq!(d.retry_after, Duration::from_millis(600));
+        }
+        clock.advance(Duration::from_millis(599));
+        assert!(!store.check_now(&r, "k", 1).allowed);
+        clock.advance(Duration::from_millis(1));
+        let d = store.check_now(&r, "k", 1);
+        assert!(d.allowed, "a new window opens exactly at the period's end");
+        assert_eq!(d.remaining, 2);
+    }
+
+    #[test]
+    fn retry_after_is_zero_while_budget_remains() {
+        let store = MemoryBackend::with_clock(ManualClock::new());
+        let r = rule(2, 1000);
+        assert_eq!(store.check_now(&r, "k", 1).retry_after, Duration::ZERO);
+        let last = store.check_now(&r, "k", 1);
+        assert!(last.allowed);
+        assert_eq!(last.retry_after, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn cost_consumes_several_units() {
+        let store = MemoryBackend::with_clock(ManualClock::new());
+        let r = rule(5, 1000);
+        assert_eq!(store.check_now(&r, "k", 3).remaining, 2);
+        let d = store.check_now(&r, "k", 3);
+        assert!(!d.allowed);
+        assert_eq!(d.remaining, 2);
+        assert!(store.check_now(&r, "k", 2).allowed);
+    }
+
+    #[test]
+    fn keys_are_independent() {
+        let store = MemoryBackend::with_clock(ManualClock::new());
+        let r = rule(1, 1000);
+        assert!(store.check_now(&r, "a", 1).allowed);
+        assert!(store.check_now(&r, "b", 1).allowed);
+        assert!(!store.check_now(&r, "a", 1).allowed);
+    }
+
+    #[test]
+    fn expired_keys_are_reclaimed_without_being_asked() {
+        let clock = ManualClock::new();
+        let store = MemoryBackend::with_clock(clock.clone());
+        let r = rule(1, 10);
+        let per_round = SHARDS * MIN_SWEEP_LEN;
+        let rounds = 8;
+        for round in 0..rounds {
+            for i in 0..per_round {
+                store.check_now(&r, &format!("{round}-{i}"), 1);
+            }
+            // Every key written so far expires.
+            clock.advance(Duration::from_millis(10));
+        }
+        // Kept without reclaiming: rounds * per_round keys.
+        assert!(
+            store.len() <= 3 * per_round,
+            "expired keys were not reclaimed: {} keys held after {} rounds of {}",
+            store.len(),
+            rounds,
+            per_round
+        );
+    }
+
+    #[test]
+    fn exact_under_threads() {
+        let store = MemoryBackend::new();
+        let r = rule(500, 60_000);
+        let passed: u64 = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..200)
+                            .filter(|_| store.check_now(&r, "shared", 1).allowed)
+                            .count() as u64
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(passed, 500);
+    }
+}

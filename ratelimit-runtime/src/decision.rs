@@ -1,0 +1,105 @@
+//! What a check answers: [`Decision`], and the denial [`RateLimited`].
+
+use std::fmt;
+use std::time::Duration;
+
+/// The outcome of one atomic check-and-consume.
+///
+/// The same sequence of calls and times gives the same `Decision`s on every
+/// backend (to the millisecond: Redis expires keys in whole milliseconds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the call passed (and consumed its cost).
+    pub allowed: bool,
+    /// The rule's `count`: units allowed per period.
+    pub limit: u64,
+    /// Units left in the current period, after this call.
+    pub remaining: u64,
+    /// When the budget is whole again.
+    pub reset_after: Duration,
+    /// When the next call of the same cost can pass: zero if it can pass now.
+    pub retry_after: Duration,
+}
+
+impl Decision {
+    /// The denial this decision stands for, if it is one.
+    pub fn rate_limited(&self) -> Option<RateLimited> {
+        (!self.allowed).then(|| RateLimited::from_decision(self))
+    }
+}
+
+/// The error of a call that was rate limited: what was exceeded, and when to
+/// come back.
+///
+/// It implements [`std::error::Error`], so an application error type can wrap
+/// it with `From<RateLimited>`; a fn returning `Result<T, E>` with
+/// `E: From<RateLimited>` gets `Err(RateLimited.into())` from
+/// `#[rate_limit]` when the limit is hit.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit_runtime::RateLimited;
+///
+/// fn describe(limited: &RateLimited) -> String {
+///     format!("{} of {} left, retry in {:?}", limited.remaining, limited.limit, limited.retry_after)
+/// }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RateLimited {
+    /// The rule's `count`: units allowed per period.
+    pub limit: u64,
+    /// Units left in the current period (less than this call's cost).
+    pub remaining: u64,
+    /// When a call of the same cost can pass again.
+    pub retry_after: Duration,
+    /// When the budget is whole again.
+    pub reset_after: Duration,
+}
+
+impl RateLimited {
+    /// The denial described by a (rejecting) decision.
+    pub fn from_decision(decision: &Decision) -> RateLimited {
+        RateLimited {
+            limit: decision.limit,
+            remaining: decision.remaining,
+            retry_after: decision.retry_after,
+            reset_after: decision.reset_after,
+        }
+    }
+}
+
+impl fmt::Display for RateLimited {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rate limit of {} exceeded; retry after {} ms",
+            self.limit,
+            self.retry_after.as_millis()
+        )
+    }
+}
+
+impl std::error::Error for RateLimited {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_limit_and_retry_after() {
+        let d = Decision {
+            allowed: false,
+            limit: 3,
+            remaining: 0,
+            reset_after: Duration::from_millis(1200),
+            retry_after: Duration::from_millis(1200),
+        };
+        let limited = d.rate_limited().expect("a rejection");
+        assert_eq!(
+            limited.to_string(),
+            "rate limit of 3 exceeded; retry after 1200 ms"
+        );
+        assert!(Decision { allowed: true, ..d }.rate_limited().is_none());
+    }
+}

@@ -1,0 +1,61 @@
+//! The runtime's error type.
+
+use std::fmt;
+
+/// Why a limiter could not be built, installed or asked.
+///
+/// Being rate limited is not an `Error`: it is a [`Decision`](crate::Decision)
+/// with `allowed == false`, or a [`RateLimited`](crate::RateLimited).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// A call's cost is 0, or larger than the rule's capacity (so it could never pass).
+    InvalidCost {
+        /// The call's cost.
+        cost: u64,
+        /// The most one call may cost under the rule.
+        capacity: u64,
+    },
+    /// [`RateLimiter::install`](crate::RateLimiter::install) was called when a
+    /// global limiter was already in place.
+    AlreadyInstalled,
+    /// The limiter's configuration is invalid (for example a malformed Redis URL).
+    Config(String),
+    /// The backend failed: unreachable, timed out, or answered something unexpected.
+    Backend(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+impl Error {
+    /// Wraps a backend's own error.
+    pub fn backend(source: impl std::error::Error + Send + Sync + 'static) -> Error {
+        Error::Backend(Box::new(source))
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidCost { cost: 0, .. } => f.write_str("a call's cost must be at least 1"),
+            Error::InvalidCost { cost, capacity } => write!(
+                f,
+                "a call costing {cost} can never pass a rule whose capacity is {capacity}"
+            ),
+            Error::AlreadyInstalled => f.write_str(
+                "a global rate limiter is already in use: `install` was called before, \
+                 or a rate-limited call ran first and took the in-memory default; \
+                 install the limiter at start-up, before any limited call",
+            ),
+            Error::Config(msg) => write!(f, "invalid rate limiter configuration: {msg}"),
+            Error::Backend(source) => write!(f, "rate limiter backend failed: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Backend(source) => Some(&**source),
+            _ => None,
+        }
+    }
+}
