@@ -44,10 +44,8 @@ impl RedisServer {
 
     fn try_start() -> Result<RedisServer, String> {
         let port = free_port();
-        let dir = std::env::temp_dir().join(format!(
-            "ratelimit-redis-{}-{port}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("ratelimit-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let child = Command::new(redis_server_bin())
             .args(["--port", &port.to_string()])
@@ -75,14 +73,18 @@ impl RedisServer {
                 if let Some(mut pipe) = server.child.stderr.take() {
                     let _ = pipe.read_to_string(&mut stderr);
                 }
-                return Err(format!("redis-server exited ({status}) on port {port}: {stderr}"));
+                return Err(format!(
+                    "redis-server exited ({status}) on port {port}: {stderr}"
+                ));
             }
             if ping(port) {
                 return Ok(server);
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        Err(format!("redis-server on port {port} did not answer PING within 10 s"))
+        Err(format!(
+            "redis-server on port {port} did not answer PING within 10 s"
+        ))
     }
 
     /// The server's port on 127.0.0.1.

@@ -63,6 +63,9 @@ impl Ctxt {
 #[derive(Default)]
 struct RawArgs {
     values: Vec<(Symbol, Ident, Expr)>,
+    /// An unknown option was written: likely a misspelt one, so "missing
+    /// option" errors would only repeat the same mistake.
+    unknown: bool,
 }
 
 impl RawArgs {
@@ -124,10 +127,12 @@ impl Config {
         let count = match raw.get(COUNT) {
             Some((_, value)) => count(value, &mut cx),
             None => {
-                cx.error(
-                    Span::call_site(),
-                    "missing `count`: say how many calls a period allows, e.g. `count = 10`",
-                );
+                if !raw.unknown {
+                    cx.error(
+                        Span::call_site(),
+                        "missing `count`: say how many calls a period allows, e.g. `count = 10`",
+                    );
+                }
                 None
             }
         };
@@ -161,6 +166,7 @@ impl Config {
         }
 
         cx.finish()?;
+        // Every `None` above was reported, so `finish` returned the error.
         Ok(Config {
             key: key.expect("reported"),
             count: count.expect("reported"),
@@ -183,11 +189,18 @@ fn parse_raw(args: TokenStream, cx: &mut Ctxt) -> RawArgs {
             None
         };
         let (Some(name), Some(symbol)) = (name, symbol) else {
-            cx.push(meta.error(unknown_option(&meta.path)));
+            raw.unknown = true;
+            cx.push(syn::Error::new_spanned(
+                &meta.path,
+                unknown_option(&meta.path),
+            ));
             return Ok(());
         };
         let Some(value) = value else {
-            cx.error(&name, format_args!("`{symbol}` needs a value: `{symbol} = ...`"));
+            cx.error(
+                &name,
+                format_args!("`{symbol}` needs a value: `{symbol} = ...`"),
+            );
             return Ok(());
         };
         if raw.get(symbol).is_some() {
@@ -309,7 +322,10 @@ fn period(value: &Expr, cx: &mut Ctxt) -> Option<u64> {
         }) => match parse_duration_ms(&s.value()) {
             Ok(ms) => Some(ms),
             Err(why) => {
-                cx.error(value, format_args!("invalid `period`: {why}; {PERIOD_HELP}"));
+                cx.error(
+                    value,
+                    format_args!("invalid `period`: {why}; {PERIOD_HELP}"),
+                );
                 return None;
             }
         },
@@ -397,7 +413,10 @@ fn key_template(prefix: &str, lit: &LitStr, func: &ItemFn, cx: &mut Ctxt) -> Opt
             }
             '}' => {
                 ok = false;
-                cx.error(lit, "unmatched `}` in `key`: write `}}` for a literal brace");
+                cx.error(
+                    lit,
+                    "unmatched `}` in `key`: write `}}` for a literal brace",
+                );
             }
             c => push_text(&mut parts, c),
         }
@@ -426,7 +445,9 @@ fn no_such_param(name: &str, func: &ItemFn, params: &[&Ident]) -> String {
             .to_owned();
     }
     if params.is_empty() {
-        return format!("`{{{name}}}` in `key` names no parameter: `{fn_name}` has no named parameters");
+        return format!(
+            "`{{{name}}}` in `key` names no parameter: `{fn_name}` has no named parameters"
+        );
     }
     let list = params
         .iter()
@@ -439,14 +460,14 @@ fn no_such_param(name: &str, func: &ItemFn, params: &[&Ident]) -> String {
 /// A fallback is called with the fn's own arguments, so each needs a name.
 fn check_forwardable(func: &ItemFn, cx: &mut Ctxt) {
     for arg in &func.sig.inputs {
-        if let FnArg::Typed(typed) = arg {
-            if !matches!(&*typed.pat, Pat::Ident(_)) {
-                cx.error(
-                    &typed.pat,
-                    "`fallback` is called with this fn's arguments, so each parameter needs a \
-                     plain name: bind this pattern to a name and destructure it in the body",
-                );
-            }
+        if let FnArg::Typed(typed) = arg
+            && !matches!(&*typed.pat, Pat::Ident(_))
+        {
+            cx.error(
+                &typed.pat,
+                "`fallback` is called with this fn's arguments, so each parameter needs a \
+                 plain name: bind this pattern to a name and destructure it in the body",
+            );
         }
     }
 }

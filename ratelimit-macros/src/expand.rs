@@ -1,9 +1,9 @@
 //! Code generation for a checked [`Config`].
 
 use proc_macro2::{Span, TokenStream, TokenTree};
-use quote::{quote, quote_spanned};
+use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{FnArg, ItemFn, Pat, ReturnType};
+use syn::{FnArg, Ident, ItemFn, Pat, ReturnType};
 
 use crate::attr::{Config, Key, Part};
 
@@ -13,11 +13,8 @@ pub(crate) fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
     let func: ItemFn = match syn::parse2(item.clone()) {
         Ok(func) => func,
         Err(_) => {
-            let error = syn::Error::new(
-                Span::call_site(),
-                "`#[rate_limit]` goes on an `async fn`",
-            )
-            .into_compile_error();
+            let error = syn::Error::new(Span::call_site(), "`#[rate_limit]` goes on an `async fn`")
+                .into_compile_error();
             return quote!(#item #error);
         }
     };
@@ -47,7 +44,7 @@ fn expand(config: Config, mut func: ItemFn) -> syn::Result<TokenStream> {
         }
         #body
     });
-    func.block = Box::new(syn::parse2(block)?);
+    *func.block = syn::parse2(block)?;
     Ok(quote!(#func))
 }
 
@@ -63,7 +60,9 @@ fn key_expr(key: &Key, rt: &TokenStream) -> TokenStream {
             let mut args = Vec::new();
             for part in parts {
                 match part {
-                    Part::Text(text) => format.push_str(&text.replace('{', "{{").replace('}', "}}")),
+                    Part::Text(text) => {
+                        format.push_str(&text.replace('{', "{{").replace('}', "}}"))
+                    }
                     Part::Param(param) => {
                         format.push_str("{}");
                         args.push(param);
@@ -78,16 +77,13 @@ fn key_expr(key: &Key, rt: &TokenStream) -> TokenStream {
 /// What the fn returns when the call is rejected.
 fn reject(config: &Config, func: &ItemFn, rt: &TokenStream) -> syn::Result<TokenStream> {
     if let Some(fallback) = &config.fallback {
+        // The forwarded arguments carry the fallback's span, so a signature
+        // that does not fit is reported at `fallback = path`.
+        let span = fallback.span();
         let args = func.sig.inputs.iter().map(|arg| match arg {
-            FnArg::Receiver(receiver) => {
-                let token = &receiver.self_token;
-                quote!(#token)
-            }
+            FnArg::Receiver(_) => quote_spanned!(span=> self),
             FnArg::Typed(typed) => match &*typed.pat {
-                Pat::Ident(pat) => {
-                    let ident = &pat.ident;
-                    quote!(#ident)
-                }
+                Pat::Ident(pat) => Ident::new(&pat.ident.to_string(), span).into_token_stream(),
                 // `attr` rejected other patterns already.
                 other => quote!(#other),
             },
@@ -101,8 +97,8 @@ fn reject(config: &Config, func: &ItemFn, rt: &TokenStream) -> syn::Result<Token
         ReturnType::Default => quote_spanned!(func.sig.ident.span()=> ()),
     };
     if names_impl_trait(ty.clone()) {
-        return Err(syn::Error::new(
-            func.sig.output.span(),
+        return Err(syn::Error::new_spanned(
+            &func.sig.output,
             "`#[rate_limit]` cannot report a rejection through a return type with `impl Trait`; \
              choose one: add `fallback = path` to the attribute, return `Result<_, E>` where \
              `E: From<RateLimited>`, or make the fn an actix-web handler",

@@ -117,6 +117,9 @@ pub mod __private {
         fn reject(limited: RateLimited) -> Self;
     }
 
+    // Not recommended in diagnostics: a `Result` whose error type lacks
+    // `From<RateLimited>` then gets the message above, which says what to do.
+    #[diagnostic::do_not_recommend]
     impl<T, E: From<RateLimited>> Reject for Result<T, E> {
         #[inline]
         fn reject(limited: RateLimited) -> Self {

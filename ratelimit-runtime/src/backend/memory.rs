@@ -119,7 +119,11 @@ impl MemoryBackend {
 
     /// How many keys the store holds, expired ones not yet reclaimed included.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).entries.len()).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|s| lock(s).entries.len())
+            .sum()
     }
 
     /// Whether the store holds no keys.
