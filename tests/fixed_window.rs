@@ -197,8 +197,8 @@ mod redis_only {
                 .unwrap();
         }
         let mut conn = redis.connection();
-        let stored: u64 = redis::cmd("GET").arg("limiter:c").query(&mut conn).unwrap();
-        assert_eq!(stored, 3);
+        let stored: String = redis::cmd("GET").arg("limiter:c").query(&mut conn).unwrap();
+        assert!(stored.starts_with("F:3:"), "{stored}");
         let pttl: i64 = redis::cmd("PTTL")
             .arg("limiter:c")
             .query(&mut conn)
@@ -235,9 +235,10 @@ mod redis_only {
     }
 
     #[tokio::test]
-    async fn a_counter_left_without_ttl_gets_one() {
+    async fn a_foreign_value_without_ttl_is_replaced_by_one_with_a_ttl() {
         let subject = Subject::redis().await;
         let redis = subject.redis.as_ref().unwrap();
+        // The seeds' bare counter, left without a TTL by a crashed INCR + EXPIRE.
         let _: () = redis::cmd("SET")
             .arg("limiter:leaked")
             .arg(3)
@@ -248,7 +249,8 @@ mod redis_only {
             .check(&THREE_PER_PERIOD, "limiter:leaked")
             .await
             .unwrap();
-        assert!(!decision.allowed);
+        assert!(decision.allowed, "not ours: treated as no state");
+        assert_eq!(decision.remaining, 2);
         redis.assert_all_keys_expire("limiter:*");
     }
 

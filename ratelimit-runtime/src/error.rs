@@ -16,6 +16,11 @@ pub enum Error {
         /// The most one call may cost under the rule.
         capacity: u64,
     },
+    /// The backend does not support this kind of rule.
+    Unsupported(&'static str),
+    /// A `concurrency` rule was checked with `check`: it holds a lease for
+    /// the length of a call, so it needs `RateLimiter::acquire`.
+    PermitRequired,
     /// [`RateLimiter::install`](crate::RateLimiter::install) was called when a
     /// global limiter was already in place.
     AlreadyInstalled,
@@ -39,6 +44,13 @@ impl fmt::Display for Error {
             Error::InvalidCost { cost, capacity } => write!(
                 f,
                 "a call costing {cost} can never pass a rule whose capacity is {capacity}"
+            ),
+            Error::Unsupported(what) => {
+                write!(f, "this rate limiter backend does not support {what}")
+            }
+            Error::PermitRequired => f.write_str(
+                "a concurrency rule holds a lease while the call runs: use `RateLimiter::acquire`, \
+                 whose permit releases it when dropped",
             ),
             Error::AlreadyInstalled => f.write_str(
                 "a global rate limiter is already in use: `install` was called before, \

@@ -61,6 +61,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod algorithm;
 pub mod backend;
 mod clock;
 mod decision;
@@ -72,7 +73,7 @@ pub use backend::Backend;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, RateLimited};
 pub use error::Error;
-pub use limiter::{RateLimiter, RateLimiterBuilder};
+pub use limiter::{Permit, RateLimiter, RateLimiterBuilder};
 pub use rule::{Algorithm, Rule};
 
 #[cfg(feature = "macros")]

@@ -3,10 +3,12 @@
 
 use std::fmt;
 use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
 use std::sync::Arc;
 #[cfg(feature = "redis")]
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 #[cfg(feature = "redis")]
 use std::time::Duration;
 
@@ -17,7 +19,7 @@ use crate::backend::memory::MemoryBackend;
 #[cfg(feature = "redis")]
 use crate::backend::redis::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, RedisBackend};
 use crate::clock::{Clock, SystemClock};
-use crate::{Decision, Error, Rule};
+use crate::{Algorithm, Decision, Error, Rule};
 
 static GLOBAL: OnceCell<RateLimiter> = OnceCell::new();
 
@@ -148,11 +150,9 @@ impl RateLimiter {
     /// [`Error::InvalidCost`] if `cost` is 0 or over the rule's capacity (such
     /// a call could never pass), and as [`check`](RateLimiter::check).
     pub async fn check_cost(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
-        if cost == 0 || cost > rule.capacity() {
-            return Err(Error::InvalidCost {
-                cost,
-                capacity: rule.capacity(),
-            });
+        validate_cost(rule, cost)?;
+        if rule.algorithm() == Algorithm::Concurrency {
+            return Err(Error::PermitRequired);
         }
         match &*self.inner {
             Store::Memory(memory) => Ok(memory.check_now(rule, key, cost)),
@@ -163,22 +163,219 @@ impl RateLimiter {
                 degraded,
             } => match Backend::check(redis, rule, key, cost).await {
                 Ok(decision) => {
-                    if degraded.load(Ordering::Relaxed) && degraded.swap(false, Ordering::Relaxed) {
-                        tracing::info!("Redis answers again; rate limits are shared again");
-                    }
+                    recovered(degraded);
                     Ok(decision)
                 }
                 Err(error) => {
-                    if !degraded.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(
-                            %error,
-                            "Redis is unavailable; enforcing rate limits per process until it answers"
-                        );
-                    }
+                    degrade(degraded, &error);
                     Ok(insurance.check_now(rule, key, cost))
                 }
             },
             Store::Custom(backend) => DynBackend::check(&**backend, rule, key, cost).await,
+        }
+    }
+
+    /// Checks and consumes `cost` units of `key`'s budget under `rule`, for
+    /// the length of a call: the returned [`Permit`] holds them for a
+    /// `concurrency` rule until it is dropped or
+    /// [released](Permit::release) (for the other algorithms it holds nothing).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{RateLimiter, Rule};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), ratelimit_runtime::Error> {
+    /// const EXPORTS: Rule = Rule::concurrency(1, Duration::from_secs(60));
+    /// let limiter = RateLimiter::in_memory();
+    /// let first = limiter.acquire(&EXPORTS, "exports", 1).await?;
+    /// assert!(first.decision().allowed);
+    /// assert!(!limiter.acquire(&EXPORTS, "exports", 1).await?.decision().allowed);
+    /// drop(first); // the call ended: its lease is released
+    /// assert!(limiter.acquire(&EXPORTS, "exports", 1).await?.decision().allowed);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`check_cost`](RateLimiter::check_cost), and [`Error::Unsupported`]
+    /// from a custom backend without concurrency support.
+    pub async fn acquire(&self, rule: &Rule, key: &str, cost: u64) -> Result<Permit, Error> {
+        validate_cost(rule, cost)?;
+        if rule.algorithm() != Algorithm::Concurrency {
+            let decision = self.check_cost(rule, key, cost).await?;
+            return Ok(Permit {
+                decision,
+                lease: None,
+            });
+        }
+        let id = next_lease_id();
+        let (decision, held_by_insurance) = match &*self.inner {
+            Store::Memory(memory) => (memory.acquire_now(rule, key, cost, id), false),
+            #[cfg(feature = "redis")]
+            Store::Redis {
+                redis,
+                insurance,
+                degraded,
+            } => match Backend::acquire(redis, rule, key, cost, id).await {
+                Ok(decision) => {
+                    recovered(degraded);
+                    (decision, false)
+                }
+                Err(error) => {
+                    degrade(degraded, &error);
+                    (insurance.acquire_now(rule, key, cost, id), true)
+                }
+            },
+            Store::Custom(backend) => (backend.acquire(rule, key, cost, id).await?, false),
+        };
+        let lease = decision.allowed.then(|| Lease {
+            limiter: self.clone(),
+            rule: *rule,
+            key: key.into(),
+            cost,
+            id,
+            held_by_insurance,
+            released: false,
+        });
+        Ok(Permit { decision, lease })
+    }
+
+    /// Gives a lease back, where it was taken.
+    async fn release(&self, lease: &Lease) -> Result<(), Error> {
+        match &*self.inner {
+            Store::Memory(memory) => memory.release_now(&lease.key, lease.id),
+            #[cfg(feature = "redis")]
+            Store::Redis { insurance, .. } if lease.held_by_insurance => {
+                insurance.release_now(&lease.key, lease.id)
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis { redis, .. } => {
+                Backend::release(redis, &lease.rule, &lease.key, lease.cost, lease.id).await?
+            }
+            Store::Custom(backend) => {
+                backend
+                    .release(&lease.rule, &lease.key, lease.cost, lease.id)
+                    .await?
+            }
+        }
+        Ok(())
+    }
+}
+
+fn validate_cost(rule: &Rule, cost: u64) -> Result<(), Error> {
+    if cost == 0 || cost > rule.capacity() {
+        return Err(Error::InvalidCost {
+            cost,
+            capacity: rule.capacity(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(feature = "redis")]
+fn recovered(degraded: &AtomicBool) {
+    if degraded.load(Ordering::Relaxed) && degraded.swap(false, Ordering::Relaxed) {
+        tracing::info!("Redis answers again; rate limits are shared again");
+    }
+}
+
+#[cfg(feature = "redis")]
+fn degrade(degraded: &AtomicBool, error: &Error) {
+    if !degraded.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            %error,
+            "Redis is unavailable; enforcing rate limits per process until it answers"
+        );
+    }
+}
+
+/// A lease id no other lease of this process, or (with 64 random bits)
+/// of any other process, uses.
+fn next_lease_id() -> u64 {
+    static SEED: OnceCell<RandomState> = OnceCell::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    SEED.get_or_init(RandomState::new)
+        .hash_one(NEXT.fetch_add(1, AtomicOrdering::Relaxed))
+}
+
+/// What [`RateLimiter::acquire`] answers: the decision, and for an allowed
+/// call of a `concurrency` rule, the lease it holds.
+///
+/// Dropping the permit releases the lease (from a task spawned on the
+/// current Tokio runtime for Redis; without a runtime the lease expires after
+/// the rule's period), so a call that ends by error, panic or cancellation
+/// gives its units back too. [`release`](Permit::release) does it now and
+/// reports failures.
+#[derive(Debug)]
+#[must_use = "dropping the permit releases its lease at once"]
+pub struct Permit {
+    decision: Decision,
+    lease: Option<Lease>,
+}
+
+impl Permit {
+    /// The decision.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// Releases the lease now (if any) and waits until it is released.
+    ///
+    /// # Errors
+    ///
+    /// The backend's, if it failed; the lease then expires after the rule's period.
+    pub async fn release(mut self) -> Result<(), Error> {
+        match self.lease.take() {
+            Some(mut lease) => {
+                lease.released = true;
+                lease.limiter.release(&lease).await
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Lease {
+    limiter: RateLimiter,
+    rule: Rule,
+    key: Box<str>,
+    cost: u64,
+    id: u64,
+    held_by_insurance: bool,
+    released: bool,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        self.released = true;
+        if let Store::Memory(memory) = &*self.limiter.inner {
+            memory.release_now(&self.key, self.id);
+            return;
+        }
+        #[cfg(feature = "redis")]
+        if let Store::Redis { insurance, .. } = &*self.limiter.inner
+            && self.held_by_insurance
+        {
+            insurance.release_now(&self.key, self.id);
+            return;
+        }
+        #[cfg(feature = "redis")]
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let lease = Lease {
+                limiter: self.limiter.clone(),
+                key: std::mem::take(&mut self.key),
+                released: true,
+                ..*self
+            };
+            runtime.spawn(async move {
+                if let Err(error) = lease.limiter.release(&lease).await {
+                    tracing::debug!(%error, "could not release a concurrency lease; it will expire");
+                }
+            });
         }
     }
 }
@@ -284,10 +481,46 @@ type CheckFuture<'a> = Pin<Box<dyn Future<Output = Result<Decision, Error>> + Se
 /// called without boxing).
 trait DynBackend: Send + Sync + fmt::Debug + 'static {
     fn check<'a>(&'a self, rule: &'a Rule, key: &'a str, cost: u64) -> CheckFuture<'a>;
+    fn acquire<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+        lease: u64,
+    ) -> CheckFuture<'a>;
+    fn release<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+        lease: u64,
+    ) -> ReleaseFuture<'a>;
 }
+
+type ReleaseFuture<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'a>>;
 
 impl<B: Backend> DynBackend for B {
     fn check<'a>(&'a self, rule: &'a Rule, key: &'a str, cost: u64) -> CheckFuture<'a> {
         Box::pin(Backend::check(self, rule, key, cost))
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+        lease: u64,
+    ) -> CheckFuture<'a> {
+        Box::pin(Backend::acquire(self, rule, key, cost, lease))
+    }
+
+    fn release<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+        lease: u64,
+    ) -> ReleaseFuture<'a> {
+        Box::pin(Backend::release(self, rule, key, cost, lease))
     }
 }

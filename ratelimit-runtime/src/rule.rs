@@ -1,36 +1,67 @@
-//! Rules: how many calls a key may make per period, and by which algorithm.
+//! Rules: how many units a key may use per period, and by which algorithm.
 
 use std::time::Duration;
 
 /// The algorithm a [`Rule`] is enforced with.
 ///
-/// Every algorithm gives the same decisions on every backend. More algorithms
-/// (sliding window, sliding log, token bucket, GCRA, concurrency) are planned;
-/// the enum is `#[non_exhaustive]` so adding them is not a breaking change.
+/// Every algorithm gives the same decisions on every backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Algorithm {
-    /// A counter that starts at the first call and expires `period` later
-    /// (the seeds' `INCR` + `PEXPIRE` counter). A rejected call consumes nothing.
-    ///
-    /// Cheap (one small integer per key) but lets up to `2 * count` calls
-    /// through around a window edge.
+    /// A counter that starts at a key's first call and ends `period` later
+    /// (the seeds' `INCR` + `PEXPIRE` counter). Cheapest, but lets up to
+    /// `2 * count` calls through around a window edge.
     FixedWindow,
+    /// Exact sliding window: a log of call times, at most `count` calls in
+    /// any interval of length `period`. Memory grows with `count`.
+    SlidingLog,
+    /// The two-counter approximation of a sliding window: the previous fixed
+    /// window's count, weighted by how much of it still overlaps, plus the
+    /// current one's. O(1) memory; windows are aligned to the clock.
+    SlidingWindow,
+    /// A bucket of `burst` tokens (default `count`), refilled continuously at
+    /// `count` per `period`, starting full.
+    TokenBucket,
+    /// The generic cell rate algorithm (leaky bucket as a meter): the same
+    /// limit as the token bucket, kept as one timestamp per key.
+    Gcra,
+    /// At most `count` calls in flight; each holds a lease released when the
+    /// call ends, or after `period` if its holder died.
+    Concurrency,
 }
 
 impl Algorithm {
+    /// Every algorithm, in the order the docs list them.
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::Concurrency,
+    ];
+
     /// The name used in the attribute (`algorithm = fixed_window`) and in logs.
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::Concurrency => "concurrency",
         }
+    }
+
+    /// Whether `burst` means something for this algorithm.
+    pub const fn has_burst(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
     }
 }
 
 /// A rate-limiting rule: at most `count` units per `period`, by an [`Algorithm`].
 ///
-/// Rules are `const`-constructible and validated when built: a count of zero,
-/// a count over [`Rule::MAX_COUNT`], or a period under one millisecond is a
+/// Rules are `const`-constructible and validated when built: a bad value is a
 /// panic, which in a `const` is a compile error.
 ///
 /// ```
@@ -38,8 +69,9 @@ impl Algorithm {
 /// use ratelimit_runtime::Rule;
 ///
 /// const SEARCH: Rule = Rule::fixed_window(100, Duration::from_secs(60));
+/// const UPLOADS: Rule = Rule::token_bucket(10, Duration::from_secs(1)).with_burst(50);
 /// assert_eq!(SEARCH.count(), 100);
-/// assert_eq!(SEARCH.period(), Duration::from_secs(60));
+/// assert_eq!(UPLOADS.capacity(), 50);
 /// ```
 ///
 /// ```compile_fail
@@ -52,21 +84,25 @@ impl Algorithm {
 pub struct Rule {
     algorithm: Algorithm,
     count: u64,
+    burst: u64,
     period_ms: u64,
 }
 
 impl Rule {
-    /// The largest `count` a rule may have (one billion per period).
-    ///
-    /// Larger values would lose precision in Redis' Lua numbers (doubles)
-    /// once the algorithms that scale counts by time land.
+    /// The largest `count` (and `burst`) a rule may have: one billion.
     pub const MAX_COUNT: u64 = 1_000_000_000;
 
     /// The longest `period` a rule may have: 366 days.
     pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 60 * 60);
 
-    /// A fixed-window rule: `count` calls per `period`, the window starting at
-    /// the first call.
+    /// For `token_bucket` and `gcra`, the most `burst × period` (in
+    /// microseconds) may be: 2^52. The buckets are kept in fixed point with
+    /// `period` units per token, and Redis' Lua numbers are exact integers
+    /// only up to 2^53. It allows, for example, a burst of 1,000 over a
+    /// 52-day period or a burst of 1,000,000 over 75 minutes.
+    pub const MAX_BURST_PERIOD_US: u64 = 1 << 52;
+
+    /// A fixed-window rule; see [`Algorithm::FixedWindow`].
     ///
     /// # Panics
     ///
@@ -76,11 +112,60 @@ impl Rule {
         Rule::new(Algorithm::FixedWindow, count, period)
     }
 
-    /// A rule of any [`Algorithm`]; see [`Rule::fixed_window`] for the limits.
+    /// An exact sliding-window rule; see [`Algorithm::SlidingLog`].
     ///
     /// # Panics
     ///
     /// As [`Rule::fixed_window`].
+    pub const fn sliding_log(count: u64, period: Duration) -> Rule {
+        Rule::new(Algorithm::SlidingLog, count, period)
+    }
+
+    /// An approximate sliding-window rule; see [`Algorithm::SlidingWindow`].
+    ///
+    /// # Panics
+    ///
+    /// As [`Rule::fixed_window`].
+    pub const fn sliding_window(count: u64, period: Duration) -> Rule {
+        Rule::new(Algorithm::SlidingWindow, count, period)
+    }
+
+    /// A token bucket refilled at `count` per `period`, holding `count`
+    /// tokens unless [`with_burst`](Rule::with_burst) says otherwise.
+    ///
+    /// # Panics
+    ///
+    /// As [`Rule::fixed_window`], and if `count × period` exceeds
+    /// [`Rule::MAX_BURST_PERIOD_US`].
+    pub const fn token_bucket(count: u64, period: Duration) -> Rule {
+        Rule::new(Algorithm::TokenBucket, count, period)
+    }
+
+    /// A GCRA rule: `count` per `period`, bursts of up to `count` unless
+    /// [`with_burst`](Rule::with_burst) says otherwise.
+    ///
+    /// # Panics
+    ///
+    /// As [`Rule::token_bucket`].
+    pub const fn gcra(count: u64, period: Duration) -> Rule {
+        Rule::new(Algorithm::Gcra, count, period)
+    }
+
+    /// At most `count` calls in flight; a lease not released within `period`
+    /// expires (its holder is taken for dead).
+    ///
+    /// # Panics
+    ///
+    /// As [`Rule::fixed_window`].
+    pub const fn concurrency(count: u64, lease: Duration) -> Rule {
+        Rule::new(Algorithm::Concurrency, count, lease)
+    }
+
+    /// A rule of any [`Algorithm`], with `burst` equal to `count`.
+    ///
+    /// # Panics
+    ///
+    /// As the constructor named after the algorithm.
     pub const fn new(algorithm: Algorithm, count: u64, period: Duration) -> Rule {
         assert!(count >= 1, "a rate-limit rule's count must be at least 1");
         assert!(
@@ -95,11 +180,47 @@ impl Rule {
             period.as_millis() <= Rule::MAX_PERIOD.as_millis(),
             "a rate-limit rule's period must be at most Rule::MAX_PERIOD (366 days)"
         );
-        Rule {
+        let rule = Rule {
             algorithm,
             count,
+            burst: count,
             // Whole milliseconds: the resolution Redis expires keys with.
             period_ms: period.as_millis() as u64,
+        };
+        rule.check_burst_period();
+        rule
+    }
+
+    /// The same rule with a bucket capacity of `burst` (`token_bucket` and
+    /// `gcra` only).
+    ///
+    /// # Panics
+    ///
+    /// If the algorithm has no burst, `burst` is 0 or over
+    /// [`Rule::MAX_COUNT`], or `burst × period` exceeds
+    /// [`Rule::MAX_BURST_PERIOD_US`].
+    pub const fn with_burst(self, burst: u64) -> Rule {
+        assert!(
+            self.algorithm.has_burst(),
+            "`burst` applies to token_bucket and gcra rules only"
+        );
+        assert!(burst >= 1, "a rate-limit rule's burst must be at least 1");
+        assert!(
+            burst <= Rule::MAX_COUNT,
+            "a rate-limit rule's burst must be at most Rule::MAX_COUNT (1_000_000_000)"
+        );
+        let rule = Rule { burst, ..self };
+        rule.check_burst_period();
+        rule
+    }
+
+    const fn check_burst_period(&self) {
+        if self.algorithm.has_burst() {
+            assert!(
+                self.burst <= Rule::MAX_BURST_PERIOD_US / (self.period_ms * 1000),
+                "burst × period (in µs) must be at most Rule::MAX_BURST_PERIOD_US (2^52) \
+                 for token_bucket and gcra: use a shorter period or a smaller burst"
+            );
         }
     }
 
@@ -108,23 +229,37 @@ impl Rule {
         self.algorithm
     }
 
-    /// How many units (calls, unless a call has a cost) are allowed per period.
+    /// How many units (calls, unless a call has a cost) are allowed per period;
+    /// for `concurrency`, how many may be in flight.
     pub const fn count(&self) -> u64 {
         self.count
     }
 
-    /// The window length, in whole milliseconds.
+    /// The bucket capacity of `token_bucket` and `gcra` (equal to `count`
+    /// for the other algorithms).
+    pub const fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// The window length (for `concurrency`, how long a lease lasts), in
+    /// whole milliseconds.
     pub const fn period(&self) -> Duration {
         Duration::from_millis(self.period_ms)
     }
 
-    pub(crate) const fn period_ms(&self) -> u64 {
-        self.period_ms
+    pub(crate) const fn period_us(&self) -> u64 {
+        self.period_ms * 1000
     }
 
-    /// The most units one call may cost under this rule.
+    /// The most units one call may cost under this rule: `burst` for the
+    /// bucket algorithms, else `count`. A costlier call could never pass and
+    /// is an error.
     pub const fn capacity(&self) -> u64 {
-        self.count
+        if self.algorithm.has_burst() {
+            self.burst
+        } else {
+            self.count
+        }
     }
 }
 
@@ -133,12 +268,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn const_rule_keeps_its_values() {
+    fn const_rules_keep_their_values() {
         const R: Rule = Rule::fixed_window(3, Duration::from_millis(1500));
         assert_eq!(R.count(), 3);
         assert_eq!(R.period(), Duration::from_millis(1500));
         assert_eq!(R.algorithm(), Algorithm::FixedWindow);
-        assert_eq!(R.algorithm().name(), "fixed_window");
+        assert_eq!(R.capacity(), 3);
+        const B: Rule = Rule::gcra(10, Duration::from_secs(1)).with_burst(25);
+        assert_eq!((B.count(), B.burst(), B.capacity()), (10, 25, 25));
+        let names: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "fixed_window",
+                "sliding_log",
+                "sliding_window",
+                "token_bucket",
+                "gcra",
+                "concurrency"
+            ]
+        );
     }
 
     #[test]
@@ -163,5 +312,25 @@ mod tests {
     #[should_panic(expected = "at most Rule::MAX_PERIOD")]
     fn huge_period_panics() {
         let _ = Rule::fixed_window(1, Rule::MAX_PERIOD + Duration::from_millis(1));
+    }
+
+    #[test]
+    #[should_panic(expected = "applies to token_bucket and gcra rules only")]
+    fn burst_without_bucket_panics() {
+        let _ = Rule::sliding_log(1, Duration::from_secs(1)).with_burst(2);
+    }
+
+    #[test]
+    #[should_panic(expected = "burst × period")]
+    fn bucket_too_large_for_exact_arithmetic_panics() {
+        let _ = Rule::token_bucket(1_000_000, Duration::from_secs(24 * 3600));
+    }
+
+    #[test]
+    fn the_largest_exact_bucket_is_accepted() {
+        let period_us = 75 * 60 * 1_000_000u64;
+        let burst = Rule::MAX_BURST_PERIOD_US / period_us;
+        let rule = Rule::gcra(1, Duration::from_micros(period_us)).with_burst(burst);
+        assert_eq!(rule.burst(), burst);
     }
 }

@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
-use super::{Backend, fixed_window_decision};
+use super::Backend;
+use crate::algorithm::{self, State};
 use crate::clock::{Clock, SystemClock};
 use crate::{Algorithm, Decision, Error, Rule};
 
@@ -22,7 +22,8 @@ const MIN_SWEEP_LEN: usize = 1024;
 /// Budgets kept in process memory, sharded by key.
 ///
 /// Cheap to clone (clones share the store). Expired keys are reclaimed as new
-/// keys arrive; nothing needs to be called for that.
+/// keys arrive; nothing needs to be called for that. Time is the given
+/// [`Clock`]'s, in whole microseconds.
 ///
 /// ```
 /// use std::time::Duration;
@@ -57,7 +58,7 @@ struct Shard {
 
 #[derive(Debug)]
 struct ShardMap {
-    entries: HashMap<Box<str>, State>,
+    entries: HashMap<Box<str>, Slot>,
     sweep_at: usize,
 }
 
@@ -70,18 +71,11 @@ impl Default for ShardMap {
     }
 }
 
-/// What one key holds, in nanoseconds of the backend's clock.
-#[derive(Clone, Copy, Debug)]
-enum State {
-    FixedWindow { used: u64, ends_at: u64 },
-}
-
-impl State {
-    fn expired(&self, now: u64) -> bool {
-        match *self {
-            State::FixedWindow { ends_at, .. } => now >= ends_at,
-        }
-    }
+#[derive(Debug)]
+struct Slot {
+    state: Option<State>,
+    /// When `state` is worth nothing any more, in µs of the clock.
+    expires_at: u64,
 }
 
 impl MemoryBackend {
@@ -108,13 +102,63 @@ impl MemoryBackend {
     /// Checks and consumes synchronously; this store never waits on I/O.
     ///
     /// `cost` must be between 1 and the rule's capacity (the limiter checks
-    /// this); a larger cost is simply refused.
+    /// this). A concurrency rule takes a lease that is never released (it
+    /// expires after the rule's period): use the limiter's `acquire` for those.
     pub fn check_now(&self, rule: &Rule, key: &str, cost: u64) -> Decision {
-        let now = nanos(self.inner.clock.now());
-        let mut shard = self.shard(key);
-        match rule.algorithm() {
-            Algorithm::FixedWindow => fixed_window(&mut shard, rule, key, cost, now),
+        self.update(rule, key, |slot, now| {
+            algorithm::check(slot, rule, now, cost)
+        })
+    }
+
+    /// Takes `cost` units of a concurrency rule for lease `id`.
+    pub(crate) fn acquire_now(&self, rule: &Rule, key: &str, cost: u64, id: u64) -> Decision {
+        self.update(rule, key, |slot, now| {
+            algorithm::acquire(slot, rule, now, cost, id)
+        })
+    }
+
+    /// Gives back lease `id` of a concurrency rule.
+    pub(crate) fn release_now(&self, key: &str, id: u64) {
+        if let Some(slot) = self.shard(key).entries.get_mut(key) {
+            algorithm::release(&mut slot.state, id);
         }
+    }
+
+    fn update(
+        &self,
+        rule: &Rule,
+        key: &str,
+        step: impl FnOnce(&mut Option<State>, u64) -> algorithm::Outcome,
+    ) -> Decision {
+        let now = u64::try_from(self.inner.clock.now().as_micros()).unwrap_or(u64::MAX);
+        let mut shard = self.shard(key);
+        let outcome = match shard.entries.get_mut(key) {
+            Some(slot) => {
+                let outcome = step(&mut slot.state, now);
+                if let Some(state) = &slot.state {
+                    slot.expires_at = state.expires_at(rule);
+                }
+                outcome
+            }
+            None => {
+                let mut state = None;
+                let outcome = step(&mut state, now);
+                if let Some(state) = state.filter(|s| s.expires_at(rule) > now) {
+                    let expires_at = state.expires_at(rule);
+                    insert(
+                        &mut shard,
+                        key,
+                        Slot {
+                            state: Some(state),
+                            expires_at,
+                        },
+                        now,
+                    );
+                }
+                outcome
+            }
+        };
+        outcome.decision(rule)
     }
 
     /// How many keys the store holds, expired ones not yet reclaimed included.
@@ -147,53 +191,42 @@ impl Backend for MemoryBackend {
     async fn check(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
         Ok(self.check_now(rule, key, cost))
     }
+
+    async fn acquire(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        lease: u64,
+    ) -> Result<Decision, Error> {
+        debug_assert_eq!(rule.algorithm(), Algorithm::Concurrency);
+        Ok(self.acquire_now(rule, key, cost, lease))
+    }
+
+    async fn release(&self, _rule: &Rule, key: &str, _cost: u64, lease: u64) -> Result<(), Error> {
+        self.release_now(key, lease);
+        Ok(())
+    }
 }
 
 /// A poisoned shard only means another thread panicked while holding it; the
-/// counters in it are still whole numbers, so keep serving.
+/// states in it are still whole, so keep serving.
 fn lock(shard: &Shard) -> MutexGuard<'_, ShardMap> {
     shard.map.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-fn fixed_window(shard: &mut ShardMap, rule: &Rule, key: &str, cost: u64, now: u64) -> Decision {
-    let period = rule.period_ms() * 1_000_000;
-    let limit = rule.count();
-    let (used, ends_at) = match shard.entries.get(key) {
-        Some(&State::FixedWindow { used, ends_at }) if now < ends_at => (used, ends_at),
-        // Missing, expired, or left by a rule of another algorithm under the
-        // same key: a fresh window.
-        _ => (0, now.saturating_add(period)),
-    };
-    let reset_after = Duration::from_nanos(ends_at - now);
-    if used.saturating_add(cost) > limit {
-        let remaining = limit.saturating_sub(used);
-        return fixed_window_decision(rule, false, remaining, reset_after, cost);
-    }
-    let state = State::FixedWindow {
-        used: used + cost,
-        ends_at,
-    };
-    match shard.entries.get_mut(key) {
-        Some(slot) => *slot = state,
-        None => insert(shard, key, state, now),
-    }
-    fixed_window_decision(rule, true, limit - used - cost, reset_after, cost)
-}
-
-fn insert(shard: &mut ShardMap, key: &str, state: State, now: u64) {
+fn insert(shard: &mut ShardMap, key: &str, slot: Slot, now: u64) {
     if shard.entries.len() >= shard.sweep_at {
-        shard.entries.retain(|_, s| !s.expired(now));
+        shard.entries.retain(|_, s| s.expires_at > now);
         shard.sweep_at = (shard.entries.len() * 2).max(MIN_SWEEP_LEN);
     }
-    shard.entries.insert(key.into(), state);
+    shard.entries.insert(key.into(), slot);
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::ManualClock;
 
@@ -239,17 +272,6 @@ mod tests {
     }
 
     #[test]
-    fn cost_consumes_several_units() {
-        let store = MemoryBackend::with_clock(ManualClock::new());
-        let r = rule(5, 1000);
-        assert_eq!(store.check_now(&r, "k", 3).remaining, 2);
-        let d = store.check_now(&r, "k", 3);
-        assert!(!d.allowed);
-        assert_eq!(d.remaining, 2);
-        assert!(store.check_now(&r, "k", 2).allowed);
-    }
-
-    #[test]
     fn keys_are_independent() {
         let store = MemoryBackend::with_clock(ManualClock::new());
         let r = rule(1, 1000);
@@ -262,42 +284,58 @@ mod tests {
     fn expired_keys_are_reclaimed_without_being_asked() {
         let clock = ManualClock::new();
         let store = MemoryBackend::with_clock(clock.clone());
-        let r = rule(1, 10);
         let per_round = SHARDS * MIN_SWEEP_LEN;
         let rounds = 8;
-        for round in 0..rounds {
-            for i in 0..per_round {
-                store.check_now(&r, &format!("{round}-{i}"), 1);
+        for algorithm in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingLog,
+            Algorithm::Gcra,
+        ] {
+            let r = Rule::new(algorithm, 1, Duration::from_millis(10));
+            for round in 0..rounds {
+                for i in 0..per_round {
+                    store.check_now(&r, &format!("{round}-{i}"), 1);
+                }
+                // Every key written so far expires.
+                clock.advance(Duration::from_millis(10));
             }
-            // Every key written so far expires.
-            clock.advance(Duration::from_millis(10));
+            // Kept without reclaiming: rounds * per_round keys.
+            assert!(
+                store.len() <= 3 * per_round,
+                "{algorithm:?}: expired keys were not reclaimed: {} keys held after {} rounds of {}",
+                store.len(),
+                rounds,
+                per_round
+            );
         }
-        // Kept without reclaiming: rounds * per_round keys.
-        assert!(
-            store.len() <= 3 * per_round,
-            "expired keys were not reclaimed: {} keys held after {} rounds of {}",
-            store.len(),
-            rounds,
-            per_round
-        );
+    }
+
+    #[test]
+    fn refused_calls_on_unknown_keys_store_nothing() {
+        let store = MemoryBackend::with_clock(ManualClock::new());
+        let r = Rule::sliding_log(2, Duration::from_secs(1));
+        assert!(store.check_now(&r, "k", 2).allowed);
+        assert_eq!(store.len(), 1);
     }
 
     #[test]
     fn exact_under_threads() {
         let store = MemoryBackend::new();
-        let r = rule(500, 60_000);
-        let passed: u64 = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..8)
-                .map(|_| {
-                    s.spawn(|| {
-                        (0..200)
-                            .filter(|_| store.check_now(&r, "shared", 1).allowed)
-                            .count() as u64
+        for algorithm in Algorithm::ALL {
+            let r = Rule::new(algorithm, 500, Duration::from_secs(60));
+            let passed: u64 = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..8)
+                    .map(|_| {
+                        s.spawn(|| {
+                            (0..200)
+                                .filter(|_| store.check_now(&r, algorithm.name(), 1).allowed)
+                                .count() as u64
+                        })
                     })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).sum()
-        });
-        assert_eq!(passed, 500);
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).sum()
+            });
+            assert_eq!(passed, 500, "{algorithm:?}");
+        }
     }
 }

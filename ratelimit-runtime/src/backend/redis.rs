@@ -8,7 +8,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
-use super::{Backend, fixed_window_decision};
+use super::Backend;
+use crate::algorithm::Outcome;
 use crate::{Algorithm, Decision, Error, Rule};
 
 /// How long one check may wait for Redis before it counts as failed.
@@ -20,7 +21,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Budgets kept in Redis, shared by every instance of the application.
 ///
 /// One script per algorithm (in `src/scripts/`), each touching exactly one key
-/// and using the Redis server's clock; every key it writes has a TTL. Scripts
+/// (so every check is Redis Cluster safe) and using the Redis server's clock
+/// (`TIME`, in µs); every write sets a TTL no longer than the state matters. Scripts
 /// are loaded when connecting and reloaded if Redis answers `NOSCRIPT` (after
 /// a restart or `SCRIPT FLUSH`). Cheap to clone: clones share the connection,
 /// which reconnects in the background after a failure.
@@ -32,24 +34,35 @@ pub struct RedisBackend {
 }
 
 struct Scripts {
-    fixed_window: Script,
+    /// Indexed like [`Algorithm::ALL`].
+    by_algorithm: [Script; 6],
 }
 
 impl Scripts {
     fn new() -> Scripts {
         Scripts {
-            fixed_window: Script::new(include_str!("../scripts/fixed_window.lua")),
+            by_algorithm: Algorithm::ALL.map(|algorithm| Script::new(source(algorithm))),
         }
-    }
-
-    fn all(&self) -> [&Script; 1] {
-        [&self.fixed_window]
     }
 
     fn for_rule(&self, rule: &Rule) -> &Script {
-        match rule.algorithm() {
-            Algorithm::FixedWindow => &self.fixed_window,
-        }
+        let index = Algorithm::ALL
+            .iter()
+            .position(|a| *a == rule.algorithm())
+            .expect("every algorithm has a script");
+        &self.by_algorithm[index]
+    }
+}
+
+/// The Lua source of an algorithm's script.
+pub(crate) fn source(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::FixedWindow => include_str!("../scripts/fixed_window.lua"),
+        Algorithm::SlidingLog => include_str!("../scripts/sliding_log.lua"),
+        Algorithm::SlidingWindow => include_str!("../scripts/sliding_window.lua"),
+        Algorithm::TokenBucket => include_str!("../scripts/token_bucket.lua"),
+        Algorithm::Gcra => include_str!("../scripts/gcra.lua"),
+        Algorithm::Concurrency => include_str!("../scripts/concurrency.lua"),
     }
 }
 
@@ -84,7 +97,7 @@ impl RedisBackend {
         let connect = async {
             let mut conn = client.get_connection_manager_with_config(config).await?;
             let scripts = Scripts::new();
-            for script in scripts.all() {
+            for script in &scripts.by_algorithm {
                 script.load_async(&mut conn).await?;
             }
             Ok::<_, RedisError>(RedisBackend {
@@ -100,40 +113,118 @@ impl RedisBackend {
         }
     }
 
-    async fn eval(&self, rule: &Rule, key: &str, cost: u64) -> Result<(i64, i64, i64), RedisError> {
+    /// Runs the rule's script: one round trip (two after a `NOSCRIPT`).
+    /// `now` (µs) replaces the server's clock, for tests only; `lease` is the
+    /// lease id of a concurrency rule.
+    async fn eval(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        now: Option<u64>,
+        lease: Option<u64>,
+    ) -> Result<Decision, Error> {
         let script = self.scripts.for_rule(rule);
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash())
             .arg(1)
             .arg(key)
             .arg(rule.count())
-            .arg(rule.period_ms())
+            .arg(rule.burst())
+            .arg(rule.period_us())
             .arg(cost);
-        let mut conn = self.conn.clone();
-        match cmd.query_async(&mut conn).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                script.load_async(&mut conn).await?;
-                cmd.query_async(&mut conn).await
-            }
-            reply => reply,
+        match now {
+            Some(now) => cmd.arg(now),
+            None => cmd.arg(""),
+        };
+        if let Some(lease) = lease {
+            cmd.arg(lease);
         }
+        let run = async {
+            let mut conn = self.conn.clone();
+            match cmd.query_async(&mut conn).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.load_async(&mut conn).await?;
+                    cmd.query_async(&mut conn).await
+                }
+                reply => reply,
+            }
+        };
+        let (allowed, remaining, reset_us, retry_us): (i64, i64, i64, i64) =
+            match tokio::time::timeout(self.timeout, run).await {
+                Ok(reply) => reply.map_err(Error::backend)?,
+                Err(_) => return Err(Error::backend(TimedOut(self.timeout))),
+            };
+        let micros = |n: i64| u64::try_from(n).unwrap_or(0);
+        Ok(Outcome {
+            allowed: allowed == 1,
+            remaining: micros(remaining),
+            reset_after_us: micros(reset_us),
+            retry_after_us: micros(retry_us),
+        }
+        .decision(rule))
     }
+
+    /// Runs a check as if the server's clock read `now` (time since the Unix
+    /// epoch). For tests that hold the Redis and the memory backend side by
+    /// side; keys written this way get an hour's extra TTL, since their
+    /// times are not the server's.
+    #[doc(hidden)]
+    pub async fn check_at(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        now: Duration,
+    ) -> Result<Decision, Error> {
+        self.eval(rule, key, cost, Some(micros(now)), None).await
+    }
+
+    /// [`Backend::acquire`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
+    #[doc(hidden)]
+    pub async fn acquire_at(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        lease: u64,
+        now: Duration,
+    ) -> Result<Decision, Error> {
+        self.eval(rule, key, cost, Some(micros(now)), Some(lease))
+            .await
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl Backend for RedisBackend {
     async fn check(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
-        let (allowed, remaining, reset_ms) =
-            match tokio::time::timeout(self.timeout, self.eval(rule, key, cost)).await {
-                Ok(reply) => reply.map_err(Error::backend)?,
-                Err(_) => return Err(Error::backend(TimedOut(self.timeout))),
-            };
-        let remaining = u64::try_from(remaining).unwrap_or(0);
-        let reset_after = Duration::from_millis(u64::try_from(reset_ms).unwrap_or(0));
-        Ok(match rule.algorithm() {
-            Algorithm::FixedWindow => {
-                fixed_window_decision(rule, allowed == 1, remaining, reset_after, cost)
-            }
-        })
+        self.eval(rule, key, cost, None, None).await
+    }
+
+    async fn acquire(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        lease: u64,
+    ) -> Result<Decision, Error> {
+        self.eval(rule, key, cost, None, Some(lease)).await
+    }
+
+    async fn release(&self, _rule: &Rule, key: &str, cost: u64, lease: u64) -> Result<(), Error> {
+        let mut cmd = redis::cmd("ZREM");
+        cmd.arg(key);
+        for unit in 0..cost {
+            cmd.arg(format!("{lease}:{unit}"));
+        }
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.timeout, cmd.query_async::<i64>(&mut conn)).await {
+            Ok(reply) => reply.map(drop).map_err(Error::backend),
+            Err(_) => Err(Error::backend(TimedOut(self.timeout))),
+        }
     }
 }
 

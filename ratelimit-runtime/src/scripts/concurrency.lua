@@ -1,0 +1,52 @@
+-- concurrency: at most `count` units in flight. Each call holds a lease (one
+-- member per unit, scored by when it expires) until it is released with ZREM
+-- or `period` passes (its holder is taken for dead). Mirrors acquire() in
+-- src/algorithm.rs.
+--
+-- KEYS[1]  sorted set of leases: member "lease:unit", score = expiry (µs)
+-- ARGV     count, burst, period (µs), cost, now (µs; "" = the server's TIME), lease id
+-- Returns  {allowed (1|0), remaining, reset_after (µs), retry_after (µs)}
+local count, period, cost = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local now, slack = tonumber(ARGV[5]), 3600000
+if not now then
+    local t = redis.call('TIME')
+    now, slack = tonumber(t[1]) * 1000000 + tonumber(t[2]), 0
+end
+
+local trimmed = redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if type(trimmed) == 'table' then
+    -- Another type under this key (another algorithm's state): start afresh,
+    -- as the memory backend does.
+    redis.call('DEL', KEYS[1])
+end
+local held = redis.call('ZCARD', KEYS[1])
+local allowed = 0
+if held + cost <= count then
+    allowed = 1
+    -- In batches: unpack() has a stack limit.
+    local args = {}
+    for i = 0, cost - 1 do
+        args[#args + 1] = now + period
+        args[#args + 1] = ARGV[6] .. ':' .. i
+        if #args == 2000 or i == cost - 1 then
+            redis.call('ZADD', KEYS[1], unpack(args))
+            args = {}
+        end
+    end
+    held = held + cost
+    redis.call('PEXPIRE', KEYS[1], math.ceil(period / 1000) + slack)
+end
+
+local remaining = math.max(count - held, 0)
+local reset = 0
+if held > 0 then
+    local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+    reset = tonumber(last[2]) - now
+end
+local retry = 0
+if remaining < cost then
+    local index = held + cost - count - 1
+    local needed = redis.call('ZRANGE', KEYS[1], index, index, 'WITHSCORES')
+    retry = tonumber(needed[2]) - now
+end
+return {allowed, remaining, reset, retry}

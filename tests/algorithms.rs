@@ -1,0 +1,444 @@
+//! Every algorithm on both backends.
+//!
+//! - Equivalence: the same scripted calls at the same times give the same
+//!   decisions from the Lua scripts in Redis and from the memory backend.
+//!   Redis runs them with a fixed "now" (`RedisBackend::check_at`), so no
+//!   tolerance is needed; the times are Unix-epoch sized, as `TIME` gives.
+//! - Boundary burst: `fixed_window` lets `2 * count - 1` calls through
+//!   around a window edge; `sliding_log` never more than `count` in any
+//!   interval of length `period`.
+//! - Real time, through the limiter: count calls pass, the next is refused
+//!   with a sensible `retry_after`, the budget returns; afterwards every key
+//!   in Redis has a TTL.
+
+use std::time::Duration;
+
+use ratelimit_runtime::backend::memory::MemoryBackend;
+use ratelimit_runtime::backend::redis::RedisBackend;
+use ratelimit_runtime::{Algorithm, Backend, Decision, ManualClock, RateLimiter, Rule};
+use ratelimit_workspace::RedisServer;
+
+/// 2023-11-14 in µs since the Unix epoch: sixteen digits, as Redis' TIME.
+const EPOCH_US: u64 = 1_700_000_000_000_000;
+
+/// A small deterministic generator, so a failure names a reproducible seed.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+async fn redis_backend(server: &RedisServer) -> RedisBackend {
+    RedisBackend::connect_with(
+        &server.url(),
+        Duration::from_secs(5),
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("connecting to the test redis-server")
+}
+
+fn rules(algorithm: Algorithm) -> Vec<Rule> {
+    let shapes = [
+        (1, 1, 1_000),
+        (3, 5, 7),
+        (5, 2, 1_000),
+        (50, 50, 60_000),
+        (7, 3, 333),
+    ];
+    shapes
+        .into_iter()
+        .map(|(count, burst, period_ms)| {
+            let rule = Rule::new(algorithm, count, Duration::from_millis(period_ms));
+            if algorithm.has_burst() {
+                rule.with_burst(burst)
+            } else {
+                rule
+            }
+        })
+        .collect()
+}
+
+/// Runs 300 random calls (3 keys, random costs and time steps) per rule on
+/// both backends and compares every decision.
+async fn same_decisions(algorithm: Algorithm) {
+    let server = RedisServer::start();
+    let redis = redis_backend(&server).await;
+    for (r, rule) in rules(algorithm).into_iter().enumerate() {
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_micros(EPOCH_US));
+        let memory = MemoryBackend::with_clock(clock.clone());
+        let mut now = EPOCH_US;
+        let mut random = XorShift(0x9E37_79B9_7F4A_7C15 ^ r as u64);
+        let period = rule.period().as_micros() as u64;
+        let mut held: Vec<(String, u64, u64)> = Vec::new();
+        let mut last: Option<Decision> = None;
+        for step in 0..400 {
+            let micros = |d: Duration| d.as_micros() as u64;
+            // Random steps, and steps that land exactly on the boundaries the
+            // last decision named (where off-by-one mistakes live).
+            let advance = match (random.below(8), last) {
+                (0, _) => 0,
+                (1, _) => random.below(period / 4 + 1),
+                (2, _) => random.below(period + 2),
+                (3, _) => period,
+                (4, Some(d)) => micros(d.retry_after),
+                (5, Some(d)) => micros(d.reset_after),
+                (6, Some(d)) => micros(d.reset_after).saturating_sub(1),
+                _ => 1,
+            };
+            clock.advance(Duration::from_micros(advance));
+            now += advance;
+            let key = format!("limiter:{}:{r}:{}", algorithm.name(), random.below(3));
+            let cost = 1 + random.below(rule.capacity().min(4));
+            let at = Duration::from_micros(now);
+            let (from_memory, from_redis): (Decision, Decision) =
+                if algorithm == Algorithm::Concurrency {
+                    let lease = step as u64 + 1;
+                    let m = Backend::acquire(&memory, &rule, &key, cost, lease)
+                        .await
+                        .unwrap();
+                    let d = redis
+                        .acquire_at(&rule, &key, cost, lease, at)
+                        .await
+                        .unwrap();
+                    if m.allowed {
+                        held.push((key.clone(), cost, lease));
+                    }
+                    // Now and then a call ends and gives its lease back.
+                    if !held.is_empty() && random.below(3) == 0 {
+                        let (key, cost, lease) =
+                            held.swap_remove(random.below(held.len() as u64) as usize);
+                        Backend::release(&memory, &rule, &key, cost, lease)
+                            .await
+                            .unwrap();
+                        Backend::release(&redis, &rule, &key, cost, lease)
+                            .await
+                            .unwrap();
+                    }
+                    (m, d)
+                } else {
+                    (
+                        memory.check_now(&rule, &key, cost),
+                        redis.check_at(&rule, &key, cost, at).await.unwrap(),
+                    )
+                };
+            assert_eq!(
+                from_redis, from_memory,
+                "{algorithm:?} {rule:?}: step {step}, key {key}, cost {cost}, now {now}"
+            );
+            last = Some(from_memory);
+        }
+    }
+}
+
+macro_rules! equivalence {
+    ($($name:ident => $algorithm:expr),* $(,)?) => {
+        mod redis_equals_memory {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    same_decisions($algorithm).await;
+                }
+            )*
+        }
+    };
+}
+
+equivalence!(
+    fixed_window => Algorithm::FixedWindow,
+    sliding_log => Algorithm::SlidingLog,
+    sliding_window => Algorithm::SlidingWindow,
+    token_bucket => Algorithm::TokenBucket,
+    gcra => Algorithm::Gcra,
+    concurrency => Algorithm::Concurrency,
+);
+
+/// Two rules of different algorithms under one key (a configuration
+/// mistake): each treats the other's state as absent, on both backends alike.
+#[tokio::test]
+async fn algorithms_sharing_a_key_start_afresh_alike() {
+    let server = RedisServer::start();
+    let redis = redis_backend(&server).await;
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_micros(EPOCH_US));
+    let memory = MemoryBackend::with_clock(clock.clone());
+    let mut random = XorShift(42);
+    let mut now = EPOCH_US;
+    // Not sliding_log with concurrency: both keep sorted sets of times, and
+    // one reads the other's members as its own.
+    let algorithms = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+    ];
+    for step in 0..300 {
+        let algorithm = algorithms[random.below(5) as usize];
+        let rule = Rule::new(algorithm, 3, Duration::from_millis(100));
+        let advance = random.below(60_000);
+        clock.advance(Duration::from_micros(advance));
+        now += advance;
+        let from_memory = memory.check_now(&rule, "limiter:shared", 1);
+        let from_redis = redis
+            .check_at(&rule, "limiter:shared", 1, Duration::from_micros(now))
+            .await
+            .unwrap();
+        assert_eq!(from_redis, from_memory, "step {step}: {algorithm:?}");
+    }
+}
+
+/// The most allowed calls in any interval of length `period`.
+fn worst_burst(passes: &[u64], period: u64) -> usize {
+    passes
+        .iter()
+        .map(|&start| {
+            passes
+                .iter()
+                .filter(|&&t| t >= start && t < start + period)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// One call at 0 opens the window, then `count` calls 1 ms before it ends and
+/// `count` calls 1 ms after: times in µs relative to the first call.
+fn edge_calls(count: u64, period: u64) -> Vec<u64> {
+    let mut times = vec![0];
+    times.extend(std::iter::repeat_n(period - 1_000, count as usize));
+    times.extend(std::iter::repeat_n(period + 1_000, count as usize));
+    times
+}
+
+#[tokio::test]
+async fn boundary_burst_fixed_window_doubles_sliding_log_does_not() {
+    let server = RedisServer::start();
+    let redis = redis_backend(&server).await;
+    let (count, period) = (10, 1_000_000);
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+        let rule = Rule::new(algorithm, count, Duration::from_micros(period));
+        let clock = ManualClock::new();
+        let memory = MemoryBackend::with_clock(clock.clone());
+        let key = format!("limiter:edge:{}", algorithm.name());
+        let (mut on_memory, mut on_redis) = (vec![], vec![]);
+        let mut last = 0;
+        for t in edge_calls(count, period) {
+            clock.advance(Duration::from_micros(t - last));
+            last = t;
+            if memory.check_now(&rule, &key, 1).allowed {
+                on_memory.push(t);
+            }
+            let at = Duration::from_micros(EPOCH_US + t);
+            if redis.check_at(&rule, &key, 1, at).await.unwrap().allowed {
+                on_redis.push(t);
+            }
+        }
+        assert_eq!(on_memory, on_redis, "{algorithm:?}");
+        let worst = worst_burst(&on_memory, period);
+        match algorithm {
+            // The seeds' double burst: 10 in the last millisecond of one
+            // window (well, 9 plus the opener) and 10 in the first of the next.
+            Algorithm::FixedWindow => assert_eq!(worst, 2 * count as usize - 1),
+            _ => assert_eq!(worst, count as usize),
+        }
+    }
+}
+
+/// A limiter on a fresh redis-server, or in memory on a manual clock.
+struct Subject {
+    limiter: RateLimiter,
+    clock: Option<ManualClock>,
+    server: Option<RedisServer>,
+}
+
+impl Subject {
+    fn memory() -> Subject {
+        let clock = ManualClock::new();
+        Subject {
+            limiter: RateLimiter::in_memory_with_clock(clock.clone()),
+            clock: Some(clock),
+            server: None,
+        }
+    }
+
+    async fn redis() -> Subject {
+        let server = RedisServer::start();
+        let limiter = RateLimiter::builder()
+            .redis(server.url())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .unwrap();
+        Subject {
+            limiter,
+            clock: None,
+            server: Some(server),
+        }
+    }
+
+    async fn wait(&self, by: Duration) {
+        match &self.clock {
+            Some(clock) => clock.advance(by),
+            None => tokio::time::sleep(by).await,
+        }
+    }
+}
+
+/// Three calls per 600 ms pass, the fourth is refused, the budget returns.
+async fn count_pass_then_refused_then_budget_returns(subject: Subject, algorithm: Algorithm) {
+    let period = Duration::from_millis(600);
+    let rule = Rule::new(algorithm, 3, period);
+    let key = format!("limiter:scenario:{}", algorithm.name());
+    let limiter = &subject.limiter;
+    let mut permits = Vec::new();
+    for expected_remaining in [2, 1, 0] {
+        let permit = limiter.acquire(&rule, &key, 1).await.unwrap();
+        let decision = *permit.decision();
+        assert!(decision.allowed, "{algorithm:?}: {decision:?}");
+        assert_eq!(decision.remaining, expected_remaining, "{algorithm:?}");
+        permits.push(permit);
+    }
+    let refused = *limiter.acquire(&rule, &key, 1).await.unwrap().decision();
+    assert!(!refused.allowed, "{algorithm:?}: {refused:?}");
+    assert!(
+        refused.retry_after > Duration::ZERO && refused.retry_after <= 2 * period,
+        "{algorithm:?}: {refused:?}"
+    );
+    if let Some(server) = &subject.server {
+        server.assert_all_keys_expire("limiter:*");
+    }
+    if algorithm == Algorithm::Concurrency {
+        // A call ends: its lease comes back at once.
+        permits.pop().unwrap().release().await.unwrap();
+    } else {
+        // The two-counter window needs its previous window to fade too.
+        let wait = if algorithm == Algorithm::SlidingWindow {
+            2 * period
+        } else {
+            period
+        };
+        subject.wait(wait + Duration::from_millis(60)).await;
+    }
+    let again = *limiter.acquire(&rule, &key, 1).await.unwrap().decision();
+    assert!(
+        again.allowed,
+        "{algorithm:?}: the budget returns: {again:?}"
+    );
+    if let Some(server) = &subject.server {
+        server.assert_all_keys_expire("limiter:*");
+    }
+}
+
+macro_rules! real_time {
+    ($($name:ident => $algorithm:expr),* $(,)?) => {
+        mod in_memory {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    count_pass_then_refused_then_budget_returns(Subject::memory(), $algorithm).await;
+                }
+            )*
+        }
+        mod in_redis {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    count_pass_then_refused_then_budget_returns(Subject::redis().await, $algorithm).await;
+                }
+            )*
+        }
+    };
+}
+
+real_time!(
+    fixed_window => Algorithm::FixedWindow,
+    sliding_log => Algorithm::SlidingLog,
+    sliding_window => Algorithm::SlidingWindow,
+    token_bucket => Algorithm::TokenBucket,
+    gcra => Algorithm::Gcra,
+    concurrency => Algorithm::Concurrency,
+);
+
+#[tokio::test]
+async fn a_dropped_permit_releases_its_lease_in_redis() {
+    let subject = Subject::redis().await;
+    let rule = Rule::concurrency(1, Duration::from_secs(30));
+    let first = subject
+        .limiter
+        .acquire(&rule, "limiter:drop", 1)
+        .await
+        .unwrap();
+    assert!(first.decision().allowed);
+    assert!(
+        !subject
+            .limiter
+            .acquire(&rule, "limiter:drop", 1)
+            .await
+            .unwrap()
+            .decision()
+            .allowed
+    );
+    // Cancelled mid-call: the future holding the permit is dropped.
+    let call = async move {
+        let _held = first;
+        std::future::pending::<()>().await;
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_millis(10), call)
+            .await
+            .is_err()
+    );
+    // The release runs on a spawned task: wait (bounded) until it lands.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let permit = subject
+            .limiter
+            .acquire(&rule, "limiter:drop", 1)
+            .await
+            .unwrap();
+        if permit.decision().allowed {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lease was never released"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn concurrency_rules_need_acquire() {
+    let limiter = RateLimiter::in_memory();
+    let rule = Rule::concurrency(2, Duration::from_secs(1));
+    let error = limiter.check(&rule, "k").await.unwrap_err();
+    assert!(
+        matches!(error, ratelimit_runtime::Error::PermitRequired),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_cost_over_the_burst_is_an_error_not_a_silent_refusal() {
+    let limiter = RateLimiter::in_memory();
+    let rule = Rule::token_bucket(10, Duration::from_secs(1)).with_burst(4);
+    assert!(limiter.check_cost(&rule, "k", 4).await.unwrap().allowed);
+    let error = limiter.check_cost(&rule, "k", 5).await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "a call costing 5 can never pass a rule whose capacity is 4"
+    );
+}
