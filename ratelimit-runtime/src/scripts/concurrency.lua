@@ -39,7 +39,9 @@ end
 
 local remaining = math.max(count - held, 0)
 local reset = 0
-if held > 0 then
+if allowed == 1 then
+    reset = period -- the newest lease is this one
+elseif held > 0 then
     local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
     reset = tonumber(last[2]) - now
 end

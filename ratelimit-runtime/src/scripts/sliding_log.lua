@@ -41,7 +41,9 @@ end
 
 local remaining = math.max(count - held, 0)
 local reset = 0
-if held > 0 then
+if allowed == 1 then
+    reset = period -- the newest call is this one
+elseif held > 0 then
     local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
     reset = tonumber(newest[2]) + period - now
 end
