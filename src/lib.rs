@@ -128,6 +128,17 @@ impl RedisServer {
         assert!(without.is_empty(), "keys without a TTL: {without:?}");
     }
 
+    /// Panics if any key matching `pattern` lacks a TTL (no key at all is fine:
+    /// a drained sorted set is deleted by Redis).
+    pub fn assert_no_key_without_ttl(&self, pattern: &str) {
+        let without: Vec<_> = self
+            .keys_with_pttl(pattern)
+            .into_iter()
+            .filter(|(_, pttl)| *pttl <= 0)
+            .collect();
+        assert!(without.is_empty(), "keys without a TTL: {without:?}");
+    }
+
     /// Kills the server now (for failure tests); dropping it does the same.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

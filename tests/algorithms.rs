@@ -138,6 +138,8 @@ async fn same_decisions(algorithm: Algorithm) {
             last = Some(from_memory);
         }
     }
+    server.assert_no_key_without_ttl("limiter:*");
+    assert!(!server.keys_with_pttl("limiter:*").is_empty());
 }
 
 macro_rules! equivalence {

@@ -79,7 +79,9 @@ fn hammer(algorithm: Algorithm) -> Vec<Report> {
             }
         })
         .collect();
-    if algorithm != Algorithm::Concurrency {
+    if algorithm == Algorithm::Concurrency {
+        server.assert_no_key_without_ttl("limiter:*");
+    } else {
         server.assert_all_keys_expire("limiter:*");
     }
     reports
