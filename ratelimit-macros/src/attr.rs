@@ -3,14 +3,18 @@
 
 use std::fmt;
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Span, TokenStream, TokenTree};
+use quote::{ToTokens, quote};
 use syn::parse::Parser;
 use syn::spanned::Spanned;
-use syn::{Expr, ExprLit, ExprUnary, FnArg, Ident, ItemFn, Lit, LitStr, Pat, UnOp};
+use syn::{
+    Attribute, Expr, ExprCall, ExprLit, ExprPath, ExprUnary, FnArg, Ident, ItemFn, Lit, LitStr,
+    Pat, ReturnType, Type, UnOp,
+};
 
 /// An option's name, written once (serde's `Symbol` pattern).
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Symbol(&'static str);
+struct Symbol(&'static str);
 
 impl fmt::Display for Symbol {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -22,16 +26,40 @@ const KEY: Symbol = Symbol("key");
 const PREFIX: Symbol = Symbol("prefix");
 const COUNT: Symbol = Symbol("count");
 const PERIOD: Symbol = Symbol("period");
+const BY: Symbol = Symbol("by");
+const ALGORITHM: Symbol = Symbol("algorithm");
+const BURST: Symbol = Symbol("burst");
+const COST: Symbol = Symbol("cost");
 const FALLBACK: Symbol = Symbol("fallback");
+const ON_ERROR: Symbol = Symbol("on_error");
+const LIMITER: Symbol = Symbol("limiter");
+const RULE: Symbol = Symbol("rule");
+const SHADOW: Symbol = Symbol("shadow");
+const CRATE: Symbol = Symbol("crate");
 
 /// Every option, in the order the docs list them.
-const OPTIONS: [Symbol; 5] = [KEY, PREFIX, COUNT, PERIOD, FALLBACK];
+const OPTIONS: [Symbol; 14] = [
+    KEY, PREFIX, COUNT, PERIOD, BY, ALGORITHM, BURST, COST, FALLBACK, ON_ERROR, LIMITER, RULE,
+    SHADOW, CRATE,
+];
 
-/// Mirrors `Rule::MAX_COUNT` in the runtime (a proc-macro crate cannot see it);
-/// the runtime's const constructor rejects larger values too.
+/// The algorithms, by their attribute name and `Algorithm` variant.
+const ALGORITHMS: [(&str, &str); 6] = [
+    ("fixed_window", "FixedWindow"),
+    ("sliding_window", "SlidingWindow"),
+    ("sliding_log", "SlidingLog"),
+    ("token_bucket", "TokenBucket"),
+    ("gcra", "Gcra"),
+    ("concurrency", "Concurrency"),
+];
+
+/// Mirrors `Rule::MAX_COUNT` in the runtime (a proc-macro crate cannot see
+/// it); the runtime's const constructors reject larger values too.
 const MAX_COUNT: u64 = 1_000_000_000;
 /// Mirrors `Rule::MAX_PERIOD` (366 days), in milliseconds.
 const MAX_PERIOD_MS: u64 = 366 * 24 * 60 * 60 * 1000;
+/// Mirrors `Rule::MAX_BURST_PERIOD_US`.
+const MAX_BURST_PERIOD_US: u64 = 1 << 52;
 
 const DEFAULT_PREFIX: &str = "limiter:";
 const DEFAULT_PERIOD_MS: u64 = 1000;
@@ -54,61 +82,109 @@ impl Ctxt {
         self.push(syn::Error::new(span.span(), message));
     }
 
+    fn error_tokens(&mut self, tokens: impl ToTokens, message: impl fmt::Display) {
+        self.push(syn::Error::new_spanned(tokens, message));
+    }
+
     fn finish(self) -> syn::Result<()> {
         self.errors.map_or(Ok(()), Err)
     }
 }
 
-/// The options as written: each value with the span of its name.
-#[derive(Default)]
+/// One attribute's options as written: each value with the span of its name.
 struct RawArgs {
-    values: Vec<(Symbol, Ident, Expr)>,
+    span: Span,
+    values: Vec<(Symbol, Ident, Option<Expr>)>,
     /// An unknown option was written: likely a misspelt one, so "missing
     /// option" errors would only repeat the same mistake.
     unknown: bool,
 }
 
 impl RawArgs {
-    fn get(&self, symbol: Symbol) -> Option<(&Ident, &Expr)> {
+    fn get(&self, symbol: Symbol) -> Option<(&Ident, Option<&Expr>)> {
         self.values
             .iter()
             .find(|(s, ..)| *s == symbol)
-            .map(|(_, name, value)| (name, value))
+            .map(|(_, name, value)| (name, value.as_ref()))
+    }
+
+    fn value(&self, symbol: Symbol) -> Option<&Expr> {
+        self.get(symbol).and_then(|(_, value)| value)
     }
 }
 
-/// One piece of a key template.
-#[derive(Debug)]
+/// One piece of a key.
 pub(crate) enum Part {
     /// Text used as written.
     Text(String),
-    /// A `{param}` placeholder, rendered with `Display`.
-    Param(Ident),
+    /// `module_path!()` (the default key).
+    ModulePath,
+    /// A value rendered with `Display`: a parameter, `self.field`, `arg(..)`.
+    Value(TokenStream),
 }
 
-/// What a call's key is made of.
-pub(crate) enum Key {
-    /// Prefix and key known at compile time: one `&'static str`, no allocation.
-    Static(String),
-    /// The prefix, then the key template's parts.
-    Template(Vec<Part>),
-    /// No `key` option: the prefix, then the fn's module path and name.
-    FnPath { prefix: String, name: String },
+/// Whose budget: added to the key.
+pub(crate) enum Subject {
+    Global,
+    Ip,
+    Header(String),
 }
 
-/// A checked `#[rate_limit]`: codegen cannot get any of it wrong.
-pub(crate) struct Config {
-    pub(crate) key: Key,
-    pub(crate) count: u64,
-    pub(crate) period_ms: u64,
+/// The rule's numbers, inline or a `const Rule` of the user's.
+pub(crate) enum RuleSource {
+    Inline {
+        variant: &'static str,
+        count: u64,
+        period_ms: u64,
+        burst: Option<u64>,
+    },
+    Const(syn::Path),
+}
+
+/// One checked `#[rate_limit(...)]`.
+pub(crate) struct RuleConfig {
+    pub(crate) key: Vec<Part>,
+    pub(crate) subject: Subject,
+    pub(crate) rule: RuleSource,
+    pub(crate) cost: u64,
+    pub(crate) cost_span: Span,
     pub(crate) fallback: Option<syn::Path>,
+    pub(crate) on_error: Option<&'static str>,
+    pub(crate) limiter: Option<String>,
+    pub(crate) shadow: bool,
+}
+
+/// How the generated code reaches the actix `HttpRequest`.
+pub(crate) enum Request {
+    /// A parameter of the fn's own.
+    Param(Ident),
+    /// A parameter the expansion adds (`__ratelimit_req`).
+    Injected,
+}
+
+/// A checked fn with one or more rules: codegen cannot get any of it wrong.
+pub(crate) struct Config {
+    pub(crate) krate: syn::Path,
+    pub(crate) rules: Vec<RuleConfig>,
+    pub(crate) request: Option<Request>,
+    /// The fn returns `impl Responder`: a rejection is the left side of an
+    /// `Either` around the body.
+    pub(crate) responder: bool,
 }
 
 impl Config {
-    /// Parses the attribute's arguments and checks them against the fn.
-    pub(crate) fn parse(args: TokenStream, func: &ItemFn) -> syn::Result<Config> {
+    /// Parses the attribute's arguments, and those of any `#[rate_limit]`
+    /// stacked below it (removed from `func`), checked against the fn.
+    pub(crate) fn parse(args: TokenStream, func: &mut ItemFn) -> syn::Result<Config> {
         let mut cx = Ctxt::default();
-        let raw = parse_raw(args, &mut cx);
+        let mut raws = vec![parse_raw(args, Span::call_site(), &mut cx)];
+        for attr in take_stacked(func) {
+            let tokens = match &attr.meta {
+                syn::Meta::List(list) => list.tokens.clone(),
+                _ => TokenStream::new(),
+            };
+            raws.push(parse_raw(tokens, attr.span(), &mut cx));
+        }
 
         if func.sig.asyncness.is_none() {
             cx.error(
@@ -118,66 +194,122 @@ impl Config {
             );
         }
 
-        let prefix = match raw.get(PREFIX) {
-            Some((_, value)) => string(value, PREFIX, &mut cx).map(|s| s.value()),
-            None => Some(DEFAULT_PREFIX.to_owned()),
-        }
-        .unwrap_or_default();
+        let krate = raws
+            .iter()
+            .find_map(|raw| raw.value(CRATE))
+            .and_then(|value| {
+                let lit = string(value, CRATE, &mut cx)?;
+                match lit.parse::<syn::Path>() {
+                    Ok(path) => Some(path),
+                    Err(_) => {
+                        cx.error(&lit, "`crate` takes the path of the crate that re-exports `ratelimit_runtime`, e.g. `crate = \"my_crate::ratelimit\"`");
+                        None
+                    }
+                }
+            })
+            .unwrap_or_else(|| syn::parse_quote!(::ratelimit_runtime));
 
-        let count = match raw.get(COUNT) {
-            Some((_, value)) => count(value, &mut cx),
-            None => {
-                if !raw.unknown {
+        let responder = match &func.sig.output {
+            ReturnType::Type(_, ty) => match &**ty {
+                Type::ImplTrait(imp) if mentions(imp.to_token_stream(), &["Responder"]) => true,
+                Type::ImplTrait(imp) => {
+                    cx.error_tokens(
+                        imp,
+                        "`#[rate_limit]` cannot report a rejection through an `impl Trait` return \
+                         type; choose one: add `fallback = path` to the attribute, return \
+                         `Result<_, E>` where `E: From<RateLimited>`, or make the fn an actix-web \
+                         handler returning `impl Responder`",
+                    );
+                    false
+                }
+                _ => false,
+            },
+            ReturnType::Default => false,
+        };
+
+        let rules: Vec<Option<RuleConfig>> = raws
+            .iter()
+            .map(|raw| rule_config(raw, func, &mut cx))
+            .collect();
+
+        // Two rules of one fn on one key would share (and corrupt) a budget.
+        let mut seen: Vec<String> = Vec::new();
+        for (raw, rule) in raws.iter().zip(&rules) {
+            if let Some(rule) = rule {
+                let identity = key_identity(rule);
+                if seen.contains(&identity) {
                     cx.error(
-                        Span::call_site(),
-                        "missing `count`: say how many calls a period allows, e.g. `count = 10`",
+                        raw.span,
+                        "two rules of this fn use the same key: give each its own `key` \
+                         (or a different `by`)",
                     );
                 }
-                None
+                seen.push(identity);
             }
-        };
-
-        let period_ms = match raw.get(PERIOD) {
-            Some((_, value)) => period(value, &mut cx),
-            None => Some(DEFAULT_PERIOD_MS),
-        };
-
-        let key = match raw.get(KEY) {
-            Some((_, value)) => string(value, KEY, &mut cx)
-                .and_then(|lit| key_template(&prefix, &lit, func, &mut cx)),
-            None => Some(Key::FnPath {
-                prefix,
-                name: func.sig.ident.to_string(),
-            }),
-        };
-
-        let fallback = raw.get(FALLBACK).and_then(|(_, value)| match value {
-            Expr::Path(path) if path.qself.is_none() => Some(path.path.clone()),
-            other => {
-                cx.error(
-                    other,
-                    "`fallback` takes the path of an async fn, e.g. `fallback = too_many_requests`",
-                );
-                None
-            }
-        });
-        if fallback.is_some() {
-            check_forwardable(func, &mut cx);
         }
 
+        let needs_request = responder
+            || rules
+                .iter()
+                .flatten()
+                .any(|r| !matches!(r.subject, Subject::Global));
+        let request = if needs_request {
+            match request_param(func) {
+                Some(ident) => Some(Request::Param(ident)),
+                None if responder || looks_like_handler(func) => Some(Request::Injected),
+                None => {
+                    for raw in &raws {
+                        if let Some(by) = raw.value(BY).filter(|by| !is_ident(by, "global")) {
+                            if matches!(by, Expr::Call(_)) && !call_name_is(by, "header") {
+                                continue;
+                            }
+                            cx.error_tokens(
+                                by,
+                                "this `by` needs the HTTP request: put `#[rate_limit]` on an \
+                                 actix-web handler (above its `#[get(..)]`), or add a parameter \
+                                 `req: actix_web::HttpRequest`",
+                            );
+                        }
+                    }
+                    None
+                }
+            }
+        } else {
+            None
+        };
+
         cx.finish()?;
-        // Every `None` above was reported, so `finish` returned the error.
         Ok(Config {
-            key: key.expect("reported"),
-            count: count.expect("reported"),
-            period_ms: period_ms.expect("reported"),
-            fallback,
+            krate,
+            // Every `None` was reported, so `finish` returned the error.
+            rules: rules.into_iter().flatten().collect(),
+            request,
+            responder,
         })
     }
 }
 
-fn parse_raw(args: TokenStream, cx: &mut Ctxt) -> RawArgs {
-    let mut raw = RawArgs::default();
+/// Removes the `#[rate_limit]` attributes stacked below this one, in the
+/// order written.
+fn take_stacked(func: &mut ItemFn) -> Vec<Attribute> {
+    let (ours, others) = std::mem::take(&mut func.attrs)
+        .into_iter()
+        .partition(|attr| {
+            attr.path()
+                .segments
+                .last()
+                .is_some_and(|s| s.ident == "rate_limit")
+        });
+    func.attrs = others;
+    ours
+}
+
+fn parse_raw(args: TokenStream, span: Span, cx: &mut Ctxt) -> RawArgs {
+    let mut raw = RawArgs {
+        span,
+        values: Vec::new(),
+        unknown: false,
+    };
     let parser = syn::meta::parser(|meta| {
         let name = meta.path.get_ident().cloned();
         let symbol = name
@@ -196,13 +328,13 @@ fn parse_raw(args: TokenStream, cx: &mut Ctxt) -> RawArgs {
             ));
             return Ok(());
         };
-        let Some(value) = value else {
+        if value.is_none() && symbol != SHADOW {
             cx.error(
                 &name,
                 format_args!("`{symbol}` needs a value: `{symbol} = ...`"),
             );
             return Ok(());
-        };
+        }
         if raw.get(symbol).is_some() {
             cx.error(&name, format_args!("duplicate option `{symbol}`"));
             return Ok(());
@@ -216,6 +348,233 @@ fn parse_raw(args: TokenStream, cx: &mut Ctxt) -> RawArgs {
     raw
 }
 
+fn rule_config(raw: &RawArgs, func: &ItemFn, cx: &mut Ctxt) -> Option<RuleConfig> {
+    let prefix = match raw.value(PREFIX) {
+        Some(value) => string(value, PREFIX, cx).map(|s| s.value()),
+        None => Some(DEFAULT_PREFIX.to_owned()),
+    }
+    .unwrap_or_default();
+
+    let rule = rule_source(raw, cx);
+
+    let cost = match raw.get(COST) {
+        Some((name, value)) => {
+            let value = value.expect("checked in parse_raw");
+            match positive_int(value, COST, cx) {
+                Some(cost) => (cost, value.span()),
+                None => (1, name.span()),
+            }
+        }
+        None => (1, raw.span),
+    };
+    if let (Some(RuleSource::Inline { count, burst, .. }), Some((_, Some(value)))) =
+        (&rule, raw.get(COST))
+    {
+        let capacity = burst.unwrap_or(*count);
+        if cost.0 > capacity {
+            cx.error(
+                value,
+                format_args!(
+                    "a call costing {} could never pass: the rule's capacity is {capacity}",
+                    cost.0
+                ),
+            );
+        }
+    }
+
+    let mut key = vec![Part::Text(prefix)];
+    match raw.value(KEY) {
+        Some(value) => {
+            if let Some(lit) = string(value, KEY, cx) {
+                key_template(&lit, func, &mut key, cx);
+            }
+        }
+        None => {
+            key.push(Part::ModulePath);
+            key.push(Part::Text(format!("::{}", func.sig.ident)));
+        }
+    }
+
+    let subject = match raw.value(BY) {
+        None => Subject::Global,
+        Some(by) => subject(by, func, &mut key, cx),
+    };
+
+    let fallback = raw.value(FALLBACK).and_then(|value| match value {
+        Expr::Path(path) if path.qself.is_none() => Some(path.path.clone()),
+        other => {
+            cx.error(
+                other,
+                "`fallback` takes the path of an async fn, e.g. `fallback = too_many_requests`",
+            );
+            None
+        }
+    });
+    if fallback.is_some() {
+        check_forwardable(func, cx);
+    }
+
+    let on_error = raw.value(ON_ERROR).and_then(|value| {
+        match [("allow", "Allow"), ("deny", "Deny"), ("local", "Local")]
+            .iter()
+            .find(|(name, _)| is_ident(value, name))
+        {
+            Some((_, variant)) => Some(*variant),
+            None => {
+                cx.error_tokens(value, "`on_error` takes `allow`, `deny` or `local`");
+                None
+            }
+        }
+    });
+
+    let limiter = raw.value(LIMITER).and_then(|value| {
+        let lit = string(value, LIMITER, cx)?;
+        if lit.value().is_empty() {
+            cx.error(
+                &lit,
+                "`limiter` names a limiter installed with `RateLimiter::install_as`",
+            );
+            return None;
+        }
+        Some(lit.value())
+    });
+
+    let shadow = match raw.get(SHADOW) {
+        None | Some((_, None)) => raw.get(SHADOW).is_some(),
+        Some((
+            _,
+            Some(Expr::Lit(ExprLit {
+                lit: Lit::Bool(b), ..
+            })),
+        )) => b.value,
+        Some((_, Some(other))) => {
+            cx.error(
+                other,
+                "`shadow` is a flag: write `shadow` (or `shadow = true`)",
+            );
+            false
+        }
+    };
+
+    Some(RuleConfig {
+        key,
+        subject,
+        rule: rule?,
+        cost: cost.0,
+        cost_span: cost.1,
+        fallback,
+        on_error,
+        limiter,
+        shadow,
+    })
+}
+
+/// `count`/`period`/`algorithm`/`burst`, or `rule = CONST`.
+fn rule_source(raw: &RawArgs, cx: &mut Ctxt) -> Option<RuleSource> {
+    if let Some(value) = raw.value(RULE) {
+        for symbol in [COUNT, PERIOD, ALGORITHM, BURST] {
+            if let Some((name, _)) = raw.get(symbol) {
+                cx.error(
+                    name,
+                    format_args!("`rule` already sets `{symbol}`: remove `{symbol}`, or `rule`"),
+                );
+            }
+        }
+        return match value {
+            Expr::Path(ExprPath {
+                qself: None, path, ..
+            }) => Some(RuleSource::Const(path.clone())),
+            other => {
+                cx.error(
+                    other,
+                    "`rule` takes the path of a `const Rule`, e.g. `rule = SEARCH`",
+                );
+                None
+            }
+        };
+    }
+
+    let algorithm = match raw.value(ALGORITHM) {
+        None => Some(("fixed_window", "FixedWindow")),
+        Some(value) => {
+            let found = ALGORITHMS
+                .iter()
+                .copied()
+                .find(|(name, _)| is_ident(value, name));
+            if found.is_none() {
+                let written = value.to_token_stream().to_string();
+                let names: Vec<&str> = ALGORITHMS.iter().map(|(n, _)| *n).collect();
+                cx.error_tokens(value, not_one_of("algorithm", &written, &names));
+            }
+            found
+        }
+    };
+
+    let count = match raw.value(COUNT) {
+        Some(value) => count(value, cx),
+        None => {
+            if !raw.unknown {
+                cx.error(
+                    raw.span,
+                    "missing `count`: say how many calls a period allows, e.g. `count = 10` \
+                     (or name a `const Rule` with `rule = ...`)",
+                );
+            }
+            None
+        }
+    };
+
+    let period_ms = match raw.value(PERIOD) {
+        Some(value) => period(value, cx),
+        None => Some(DEFAULT_PERIOD_MS),
+    };
+
+    let burst = match raw.value(BURST) {
+        None => None,
+        Some(value) => {
+            let burst = positive_int(value, BURST, cx);
+            match algorithm {
+                Some((name, _)) if !matches!(name, "token_bucket" | "gcra") => {
+                    cx.error(
+                        value,
+                        format_args!(
+                            "`burst` applies to `algorithm = token_bucket` or `gcra`; \
+                             `{name}` has no burst"
+                        ),
+                    );
+                }
+                _ => {}
+            }
+            if let Some(b) = burst.filter(|b| *b > MAX_COUNT) {
+                cx.error(
+                    value,
+                    format_args!("`burst` must be at most {MAX_COUNT} (Rule::MAX_COUNT), not {b}"),
+                );
+            }
+            burst
+        }
+    };
+
+    let (algorithm, count, period_ms) = (algorithm?, count?, period_ms?);
+    if matches!(algorithm.0, "token_bucket" | "gcra") {
+        let bucket = burst.unwrap_or(count);
+        if (bucket as u128) * (period_ms as u128) * 1000 > MAX_BURST_PERIOD_US as u128 {
+            let at = raw.value(BURST).or(raw.value(COUNT)).expect("count is set");
+            cx.error(
+                at,
+                "burst × period (in µs) must be at most 2^52 for token_bucket and gcra: \
+                 use a shorter period or a smaller burst",
+            );
+        }
+    }
+    Some(RuleSource::Inline {
+        variant: algorithm.1,
+        count,
+        period_ms,
+        burst,
+    })
+}
+
 fn unknown_option(path: &syn::Path) -> String {
     let written = path
         .segments
@@ -223,20 +582,26 @@ fn unknown_option(path: &syn::Path) -> String {
         .map(|s| s.ident.to_string())
         .collect::<Vec<_>>()
         .join("::");
-    let expected = OPTIONS
+    let names: Vec<&str> = OPTIONS.iter().map(|s| s.0).collect();
+    not_one_of("option", &written, &names)
+}
+
+/// "unknown X `y`; did you mean `z`? expected one of ..."
+fn not_one_of(what: &str, written: &str, expected: &[&str]) -> String {
+    let list = expected
         .iter()
         .map(|s| format!("`{s}`"))
         .collect::<Vec<_>>()
         .join(", ");
-    match OPTIONS
+    match expected
         .iter()
-        .filter(|s| edit_distance(&written, s.0) <= 2)
-        .min_by_key(|s| edit_distance(&written, s.0))
+        .filter(|s| edit_distance(written, s) <= 2.max(s.len() / 3))
+        .min_by_key(|s| edit_distance(written, s))
     {
-        Some(close) => format!(
-            "unknown option `{written}`; did you mean `{close}`? expected one of {expected}"
-        ),
-        None => format!("unknown option `{written}`; expected one of {expected}"),
+        Some(close) => {
+            format!("unknown {what} `{written}`; did you mean `{close}`? expected one of {list}")
+        }
+        None => format!("unknown {what} `{written}`; expected one of {list}"),
     }
 }
 
@@ -258,6 +623,14 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+fn is_ident(value: &Expr, name: &str) -> bool {
+    matches!(value, Expr::Path(p) if p.qself.is_none() && p.path.is_ident(name))
+}
+
+fn call_name_is(value: &Expr, name: &str) -> bool {
+    matches!(value, Expr::Call(ExprCall { func, .. }) if is_ident(func, name))
+}
+
 fn string(value: &Expr, symbol: Symbol, cx: &mut Ctxt) -> Option<LitStr> {
     match value {
         Expr::Lit(ExprLit {
@@ -273,14 +646,32 @@ fn string(value: &Expr, symbol: Symbol, cx: &mut Ctxt) -> Option<LitStr> {
     }
 }
 
-fn count(value: &Expr, cx: &mut Ctxt) -> Option<u64> {
-    let parsed = match value {
+fn plain_int(value: &Expr) -> Option<u64> {
+    match value {
         Expr::Lit(ExprLit {
             lit: Lit::Int(int), ..
         }) if int.suffix().is_empty() => int.base10_parse::<u64>().ok(),
         _ => None,
-    };
-    match parsed {
+    }
+}
+
+fn positive_int(value: &Expr, symbol: Symbol, cx: &mut Ctxt) -> Option<u64> {
+    match plain_int(value) {
+        Some(0) => cx.error(value, format_args!("`{symbol}` must be at least 1")),
+        Some(n) => return Some(n),
+        None if is_negative(value) => {
+            cx.error(value, format_args!("`{symbol}` must be at least 1"))
+        }
+        None => cx.error(
+            value,
+            format_args!("`{symbol}` takes a whole number, e.g. `{symbol} = 2`"),
+        ),
+    }
+    None
+}
+
+fn count(value: &Expr, cx: &mut Ctxt) -> Option<u64> {
+    match plain_int(value) {
         Some(0) => cx.error(value, "`count` must be at least 1"),
         Some(n) if n > MAX_COUNT => cx.error(
             value,
@@ -367,7 +758,7 @@ fn parse_duration_ms(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{text}` is too long"))
 }
 
-/// The fn's parameters that are plain names, for placeholders and fallbacks.
+/// The fn's parameters that are plain names.
 fn param_names(func: &ItemFn) -> Vec<&Ident> {
     func.sig
         .inputs
@@ -382,58 +773,73 @@ fn param_names(func: &ItemFn) -> Vec<&Ident> {
         .collect()
 }
 
-/// Splits `"login:{user}"` into text and placeholders; `{{` and `}}` stand
-/// for literal braces (as in `format!`).
-fn key_template(prefix: &str, lit: &LitStr, func: &ItemFn, cx: &mut Ctxt) -> Option<Key> {
+fn has_receiver(func: &ItemFn) -> bool {
+    matches!(func.sig.inputs.first(), Some(FnArg::Receiver(_)))
+}
+
+/// Splits `"login:{user}"` into text and values; `{{` and `}}` stand for
+/// literal braces (as in `format!`), `{self.field}` reads the receiver.
+fn key_template(lit: &LitStr, func: &ItemFn, parts: &mut Vec<Part>, cx: &mut Ctxt) {
     let text = lit.value();
     let params = param_names(func);
-    let mut parts = vec![Part::Text(prefix.to_owned())];
     let mut chars = text.chars().peekable();
-    let mut ok = true;
     while let Some(c) = chars.next() {
         match c {
             '{' if chars.peek() == Some(&'{') => {
                 chars.next();
-                push_text(&mut parts, '{');
+                push_text(parts, "{");
             }
             '}' if chars.peek() == Some(&'}') => {
                 chars.next();
-                push_text(&mut parts, '}');
+                push_text(parts, "}");
             }
             '{' => {
                 let name: String = chars.by_ref().take_while(|&c| c != '}').collect();
                 let name = name.trim();
-                match params.iter().find(|p| **p == name) {
-                    Some(param) => parts.push(Part::Param((*param).clone())),
-                    None => {
-                        ok = false;
-                        cx.error(lit, no_such_param(name, func, &params));
+                // Spanned at the key, so a type that is not `Display` is
+                // reported where it was used.
+                let span = lit.span();
+                if let Some(field) = name.strip_prefix("self.") {
+                    if !has_receiver(func) {
+                        cx.error(
+                            lit,
+                            format_args!("`{{{name}}}` in `key` needs a `self` parameter"),
+                        );
+                    } else if syn::parse_str::<Ident>(field).is_err() {
+                        cx.error(
+                            lit,
+                            format_args!(
+                                "`{{{name}}}` in `key`: write `{{self.field}}` with a field name"
+                            ),
+                        );
+                    } else {
+                        let field = Ident::new(field, span);
+                        let this = syn::Token![self](span);
+                        parts.push(Part::Value(quote!(#this.#field)));
                     }
+                    continue;
+                }
+                match params.iter().find(|p| **p == name) {
+                    Some(param) => {
+                        let ident = Ident::new(&param.to_string(), span);
+                        parts.push(Part::Value(ident.into_token_stream()));
+                    }
+                    None => cx.error(lit, no_such_param(name, func, &params)),
                 }
             }
-            '}' => {
-                ok = false;
-                cx.error(
-                    lit,
-                    "unmatched `}` in `key`: write `}}` for a literal brace",
-                );
-            }
-            c => push_text(&mut parts, c),
+            '}' => cx.error(
+                lit,
+                "unmatched `}` in `key`: write `}}` for a literal brace",
+            ),
+            c => push_text(parts, c.encode_utf8(&mut [0; 4])),
         }
     }
-    if !ok {
-        return None;
-    }
-    if let [Part::Text(whole)] = parts.as_slice() {
-        return Some(Key::Static(whole.clone()));
-    }
-    Some(Key::Template(parts))
 }
 
-fn push_text(parts: &mut Vec<Part>, c: char) {
+fn push_text(parts: &mut Vec<Part>, text: &str) {
     match parts.last_mut() {
-        Some(Part::Text(text)) => text.push(c),
-        _ => parts.push(Part::Text(c.to_string())),
+        Some(Part::Text(t)) => t.push_str(text),
+        _ => parts.push(Part::Text(text.to_owned())),
     }
 }
 
@@ -457,6 +863,107 @@ fn no_such_param(name: &str, func: &ItemFn, params: &[&Ident]) -> String {
     format!("`{{{name}}}` in `key` names no parameter of `{fn_name}`; its parameters are {list}")
 }
 
+/// `global`, `ip`, `header("name")` or `arg(param)` (added to the key).
+fn subject(by: &Expr, func: &ItemFn, key: &mut Vec<Part>, cx: &mut Ctxt) -> Subject {
+    const HELP: &str = "`by` takes `global`, `ip`, `header(\"name\")` or `arg(parameter)`";
+    if is_ident(by, "global") {
+        return Subject::Global;
+    }
+    if is_ident(by, "ip") {
+        return Subject::Ip;
+    }
+    let Expr::Call(ExprCall {
+        func: callee, args, ..
+    }) = by
+    else {
+        cx.error_tokens(by, HELP);
+        return Subject::Global;
+    };
+    let single = (args.len() == 1).then(|| &args[0]);
+    if is_ident(callee, "header") {
+        match single {
+            Some(Expr::Lit(ExprLit {
+                lit: Lit::Str(name),
+                ..
+            })) if is_header_name(&name.value()) => {
+                return Subject::Header(name.value().to_ascii_lowercase());
+            }
+            Some(other) => cx.error(
+                other,
+                "`header(..)` takes a header name, e.g. `header(\"x-api-key\")`",
+            ),
+            None => cx.error_tokens(
+                by,
+                "`header(..)` takes a header name, e.g. `header(\"x-api-key\")`",
+            ),
+        }
+        return Subject::Global;
+    }
+    if is_ident(callee, "arg") {
+        match single {
+            Some(Expr::Path(p)) if p.qself.is_none() && p.path.get_ident().is_some() => {
+                let name = p.path.get_ident().expect("checked");
+                let params = param_names(func);
+                if params.contains(&name) {
+                    push_text(key, &format!(":arg:{name}:"));
+                    key.push(Part::Value(name.to_token_stream()));
+                } else {
+                    let list = params
+                        .iter()
+                        .map(|p| format!("`{p}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    let which = if list.is_empty() {
+                        format!("`{}` has no named parameters", func.sig.ident)
+                    } else {
+                        format!("its parameters are {list}")
+                    };
+                    cx.error(
+                        name,
+                        format_args!(
+                            "`arg({name})` names no parameter of `{}`; {which}",
+                            func.sig.ident
+                        ),
+                    );
+                }
+            }
+            Some(other) => cx.error_tokens(
+                other,
+                "`arg(..)` takes a parameter name, e.g. `arg(user_id)`",
+            ),
+            None => cx.error_tokens(by, "`arg(..)` takes a parameter name, e.g. `arg(user_id)`"),
+        }
+        return Subject::Global;
+    }
+    cx.error_tokens(by, HELP);
+    Subject::Global
+}
+
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// What makes two rules' keys the same budget.
+fn key_identity(rule: &RuleConfig) -> String {
+    let mut identity = String::new();
+    for part in &rule.key {
+        match part {
+            Part::Text(text) => identity.push_str(text),
+            Part::ModulePath => identity.push_str("{module}"),
+            Part::Value(tokens) => identity.push_str(&format!("{{{tokens}}}")),
+        }
+    }
+    match &rule.subject {
+        Subject::Global => {}
+        Subject::Ip => identity.push_str(":ip"),
+        Subject::Header(name) => identity.push_str(&format!(":header:{name}")),
+    }
+    identity
+}
+
 /// A fallback is called with the fn's own arguments, so each needs a name.
 fn check_forwardable(func: &ItemFn, cx: &mut Ctxt) {
     for arg in &func.sig.inputs {
@@ -470,6 +977,56 @@ fn check_forwardable(func: &ItemFn, cx: &mut Ctxt) {
             );
         }
     }
+}
+
+/// Whether `tokens` name any of `idents`.
+pub(crate) fn mentions(tokens: TokenStream, idents: &[&str]) -> bool {
+    tokens.into_iter().any(|tree| match tree {
+        TokenTree::Ident(ident) => idents.iter().any(|name| ident == name),
+        TokenTree::Group(group) => mentions(group.stream(), idents),
+        _ => false,
+    })
+}
+
+/// A parameter of type `HttpRequest` (or `&HttpRequest`) with a plain name.
+fn request_param(func: &ItemFn) -> Option<Ident> {
+    func.sig.inputs.iter().find_map(|arg| match arg {
+        FnArg::Typed(typed) => {
+            let ty = match &*typed.ty {
+                Type::Reference(r) => &*r.elem,
+                other => other,
+            };
+            let is_request = matches!(ty, Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "HttpRequest"));
+            match &*typed.pat {
+                Pat::Ident(pat) if is_request => Some(pat.ident.clone()),
+                _ => None,
+            }
+        }
+        FnArg::Receiver(_) => None,
+    })
+}
+
+/// An actix-web handler: a route attribute is in sight (when
+/// `#[rate_limit]` is written above it), or the return type is actix's.
+fn looks_like_handler(func: &ItemFn) -> bool {
+    const ROUTES: [&str; 11] = [
+        "get", "post", "put", "delete", "patch", "head", "options", "trace", "connect", "route",
+        "routes",
+    ];
+    let routed = func.attrs.iter().any(|attr| {
+        attr.path()
+            .segments
+            .last()
+            .is_some_and(|s| ROUTES.iter().any(|r| s.ident == r))
+    });
+    let actix_output = match &func.sig.output {
+        ReturnType::Type(_, ty) => mentions(
+            ty.to_token_stream(),
+            &["HttpResponse", "Responder", "actix_web"],
+        ),
+        ReturnType::Default => false,
+    };
+    routed || actix_output
 }
 
 #[cfg(test)]
@@ -496,5 +1053,16 @@ mod tests {
         assert!(unknown_option(&path).contains("did you mean `count`?"));
         let path: syn::Path = syn::parse_str("zzzzzz").unwrap();
         assert!(!unknown_option(&path).contains("did you mean"));
+        assert!(
+            not_one_of("algorithm", "token_buket", &["token_bucket", "gcra"])
+                .contains("did you mean `token_bucket`")
+        );
+    }
+
+    #[test]
+    fn header_names() {
+        assert!(is_header_name("x-api-key"));
+        assert!(!is_header_name("x api key"));
+        assert!(!is_header_name(""));
     }
 }

@@ -1,16 +1,16 @@
 //! Code generation for a checked [`Config`].
 
-use proc_macro2::{Span, TokenStream, TokenTree};
-use quote::{ToTokens, quote, quote_spanned};
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, Ident, ItemFn, Pat, ReturnType};
 
-use crate::attr::{Config, Key, Part};
+use crate::attr::{Config, Part, Request, RuleConfig, RuleSource, Subject};
 
 /// The attribute's entry point: on any error, the user's fn is emitted
 /// unchanged next to the errors, so the IDE keeps working.
 pub(crate) fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
-    let func: ItemFn = match syn::parse2(item.clone()) {
+    let mut func: ItemFn = match syn::parse2(item.clone()) {
         Ok(func) => func,
         Err(_) => {
             let error = syn::Error::new(Span::call_site(), "`#[rate_limit]` goes on an `async fn`")
@@ -18,8 +18,10 @@ pub(crate) fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
             return quote!(#item #error);
         }
     };
-    match Config::parse(args, &func).and_then(|config| expand(config, func.clone())) {
-        Ok(expanded) => expanded,
+    // `parse` takes the stacked `#[rate_limit]`s off `func`, so the fn
+    // emitted on error does not report them again.
+    match Config::parse(args, &mut func) {
+        Ok(config) => expand(config, func),
         Err(error) => {
             let error = error.into_compile_error();
             quote!(#func #error)
@@ -27,92 +29,192 @@ pub(crate) fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
-fn expand(config: Config, mut func: ItemFn) -> syn::Result<TokenStream> {
-    let rt = quote!(::ratelimit_runtime::__private);
-    let count = config.count;
-    let period_ms = config.period_ms;
-    let key = key_expr(&config.key, &rt);
-    let reject = reject(&config, &func, &rt)?;
-    let body = &func.block;
-    let block = quote!({
-        const __RATELIMIT_RULE: #rt::Rule =
-            #rt::Rule::fixed_window(#count, #rt::Duration::from_millis(#period_ms));
-        if let #rt::Option::Some(__ratelimit_limited) =
-            #rt::check(&__RATELIMIT_RULE, #key).await
-        {
-            #reject
+fn expand(config: Config, mut func: ItemFn) -> TokenStream {
+    let krate = &config.krate;
+    let rt = quote!(#krate::__private);
+    // The fn's own arguments, for fallbacks (taken before a request
+    // parameter is added).
+    let forwarded: Vec<Ident> = func
+        .sig
+        .inputs
+        .iter()
+        .filter_map(|arg| match arg {
+            FnArg::Receiver(receiver) => Some(Ident::new("self", receiver.self_token.span)),
+            FnArg::Typed(typed) => match &*typed.pat {
+                Pat::Ident(pat) => Some(pat.ident.clone()),
+                _ => None,
+            },
+        })
+        .collect();
+    let request = config.request.as_ref().map(|request| match request {
+        Request::Param(ident) => ident.clone(),
+        Request::Injected => {
+            let ident = Ident::new("__ratelimit_req", Span::call_site());
+            func.sig
+                .inputs
+                .push(syn::parse_quote!(#ident: #rt::actix::HttpRequest));
+            ident
         }
-        #body
     });
-    *func.block = syn::parse2(block)?;
-    Ok(quote!(#func))
+
+    let checks = config.rules.iter().enumerate().map(|(i, rule)| {
+        let site = format_ident!("__RATELIMIT_SITE_{}", i);
+        let permit = format_ident!("__ratelimit_permit_{}", i);
+        let rule_expr = rule_expr(&rule.rule, &rt);
+        let cost = rule.cost;
+        let limiter = match &rule.limiter {
+            Some(name) => quote!(#rt::Option::Some(#name)),
+            None => quote!(#rt::Option::None),
+        };
+        let on_error = match rule.on_error {
+            Some(variant) => {
+                let variant = Ident::new(variant, Span::call_site());
+                quote!(#rt::Option::Some(#rt::OnError::#variant))
+            }
+            None => quote!(#rt::Option::None),
+        };
+        let shadow = rule.shadow;
+        let cost_check = match &rule.rule {
+            RuleSource::Const(path) => quote_spanned! {rule.cost_span=>
+                const _: () = ::core::assert!(
+                    #cost <= #path.capacity(),
+                    "`cost` is over the rule's capacity: such a call could never pass"
+                );
+            },
+            RuleSource::Inline { .. } => TokenStream::new(),
+        };
+        let key = key_expr(rule, &rt, request.as_ref());
+        let reject = reject(rule, &config, &func, &forwarded, request.as_ref(), &rt);
+        quote! {
+            #cost_check
+            static #site: #rt::Site = #rt::Site::new(#rule_expr, #cost, #limiter, #on_error, #shadow);
+            let #permit = match #rt::check(&#site, #key).await {
+                #rt::Result::Ok(__ratelimit_permit) => __ratelimit_permit,
+                #rt::Result::Err(__ratelimit_limited) => #reject,
+            };
+        }
+    });
+    let checks: Vec<TokenStream> = checks.collect();
+
+    let body = &func.block;
+    let tail = if config.responder {
+        // `return` in the body leaves the async block, not the fn: the fn
+        // answers `Either::Right` of whatever the body gives.
+        quote!(#rt::actix::Either::Right(async move #body.await))
+    } else {
+        body.to_token_stream()
+    };
+    // The permits live until the body has run: concurrency leases are
+    // released when they drop.
+    let block = quote!({
+        #(#checks)*
+        #tail
+    });
+    *func.block = syn::parse2(block).expect("the expansion is a block");
+    func.into_token_stream()
 }
 
-/// The call's full key: a `&'static str` when it is known at compile time.
-fn key_expr(key: &Key, rt: &TokenStream) -> TokenStream {
-    match key {
-        Key::Static(text) => quote!(#text),
-        Key::FnPath { prefix, name } => {
-            quote!(::core::concat!(#prefix, ::core::module_path!(), "::", #name))
+fn rule_expr(source: &RuleSource, rt: &TokenStream) -> TokenStream {
+    match source {
+        RuleSource::Const(path) => path.to_token_stream(),
+        RuleSource::Inline {
+            variant,
+            count,
+            period_ms,
+            burst,
+        } => {
+            let variant = Ident::new(variant, Span::call_site());
+            let burst = burst.map(|b| quote!(.with_burst(#b)));
+            quote! {
+                #rt::Rule::new(#rt::Algorithm::#variant, #count, #rt::Duration::from_millis(#period_ms))#burst
+            }
         }
-        Key::Template(parts) => {
-            let mut format = String::new();
-            let mut args = Vec::new();
-            for part in parts {
-                match part {
-                    Part::Text(text) => {
-                        format.push_str(&text.replace('{', "{{").replace('}', "}}"))
-                    }
-                    Part::Param(param) => {
-                        format.push_str("{}");
-                        args.push(param);
-                    }
+    }
+}
+
+/// The call's full key, as a `&str`: one `&'static str` built at compile
+/// time when nothing in it depends on the call.
+fn key_expr(rule: &RuleConfig, rt: &TokenStream, request: Option<&Ident>) -> TokenStream {
+    let dynamic = rule.key.iter().any(|part| matches!(part, Part::Value(_)));
+    let base = if dynamic {
+        let mut format = String::new();
+        let mut args = Vec::new();
+        for part in &rule.key {
+            match part {
+                Part::Text(text) => format.push_str(&text.replace('{', "{{").replace('}', "}}")),
+                Part::ModulePath => {
+                    format.push_str("{}");
+                    args.push(quote!(::core::module_path!()));
+                }
+                Part::Value(value) => {
+                    format.push_str("{}");
+                    args.push(value.clone());
                 }
             }
-            quote!(&#rt::format!(#format #(, #args)*))
         }
-    }
-}
-
-/// What the fn returns when the call is rejected.
-fn reject(config: &Config, func: &ItemFn, rt: &TokenStream) -> syn::Result<TokenStream> {
-    if let Some(fallback) = &config.fallback {
-        // The forwarded arguments carry the fallback's span, so a signature
-        // that does not fit is reported at `fallback = path`.
-        let span = fallback.span();
-        let args = func.sig.inputs.iter().map(|arg| match arg {
-            FnArg::Receiver(_) => quote_spanned!(span=> self),
-            FnArg::Typed(typed) => match &*typed.pat {
-                Pat::Ident(pat) => Ident::new(&pat.ident.to_string(), span).into_token_stream(),
-                // `attr` rejected other patterns already.
-                other => quote!(#other),
-            },
+        quote!(&#rt::format!(#format #(, #args)*))
+    } else {
+        let pieces = rule.key.iter().map(|part| match part {
+            Part::Text(text) => quote!(#text),
+            Part::ModulePath => quote!(::core::module_path!()),
+            Part::Value(_) => unreachable!("not dynamic"),
         });
-        return Ok(quote_spanned! {fallback.span()=>
-            return #fallback(#(#args,)* __ratelimit_limited).await;
-        });
-    }
-    let ty = match &func.sig.output {
-        ReturnType::Type(_, ty) => quote!(#ty),
-        ReturnType::Default => quote_spanned!(func.sig.ident.span()=> ()),
+        quote!(::core::concat!(#(#pieces),*))
     };
-    if names_impl_trait(ty.clone()) {
-        return Err(syn::Error::new_spanned(
-            &func.sig.output,
-            "`#[rate_limit]` cannot report a rejection through a return type with `impl Trait`; \
-             choose one: add `fallback = path` to the attribute, return `Result<_, E>` where \
-             `E: From<RateLimited>`, or make the fn an actix-web handler",
-        ));
+    match (&rule.subject, request) {
+        (Subject::Global, _) => base,
+        (Subject::Ip, Some(req)) => quote!(&#rt::actix::key_with_ip(#base, &#req)),
+        (Subject::Header(name), Some(req)) => {
+            quote!(&#rt::actix::key_with_header(#base, &#req, #name))
+        }
+        (_, None) => unreachable!("a request is planned for every `by` that needs one"),
     }
-    Ok(quote_spanned! {ty.span()=>
-        return <#ty as #rt::Reject>::reject(__ratelimit_limited);
-    })
 }
 
-fn names_impl_trait(tokens: TokenStream) -> bool {
-    tokens.into_iter().any(|tree| match tree {
-        TokenTree::Ident(ident) => ident == "impl",
-        TokenTree::Group(group) => names_impl_trait(group.stream()),
-        _ => false,
-    })
+/// What the fn returns when the call is rejected (an expression of type `!`).
+fn reject(
+    rule: &RuleConfig,
+    config: &Config,
+    func: &ItemFn,
+    forwarded: &[Ident],
+    request: Option<&Ident>,
+    rt: &TokenStream,
+) -> TokenStream {
+    let value = match &rule.fallback {
+        Some(fallback) => {
+            // The arguments carry the fallback's span, so a signature that
+            // does not fit is reported at `fallback = path`.
+            let span = fallback.span();
+            let args = forwarded
+                .iter()
+                .map(|ident| Ident::new(&ident.to_string(), span));
+            quote_spanned!(span=> #fallback(#(#args,)* __ratelimit_limited).await)
+        }
+        None if config.responder => quote!(__ratelimit_limited),
+        None => {
+            // Named, the return type carries the user's span: a type that
+            // cannot report a rejection is an error there. A type with
+            // `impl` in it cannot be named; inference finds it.
+            return match &func.sig.output {
+                ReturnType::Type(_, ty)
+                    if crate::attr::mentions(ty.to_token_stream(), &["impl"]) =>
+                {
+                    quote_spanned!(ty.span()=> return #rt::reject(__ratelimit_limited))
+                }
+                ReturnType::Type(_, ty) => {
+                    quote_spanned!(ty.span()=> return <#ty as #rt::Reject>::reject(__ratelimit_limited))
+                }
+                ReturnType::Default => {
+                    let unit = quote_spanned!(func.sig.ident.span()=> ());
+                    quote!(return <#unit as #rt::Reject>::reject(__ratelimit_limited))
+                }
+            };
+        }
+    };
+    match (config.responder, request) {
+        (true, Some(req)) => {
+            quote!(return #rt::actix::Either::Left(#rt::actix::respond(#value, &#req)))
+        }
+        _ => quote!(return #value),
+    }
 }

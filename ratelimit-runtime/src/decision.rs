@@ -28,6 +28,17 @@ impl Decision {
     }
 }
 
+/// Why a call was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Cause {
+    /// The key's budget is used up.
+    OverLimit,
+    /// The backend failed and the rule's failure policy is
+    /// [`OnError::Deny`](crate::OnError::Deny): the limiter is broken, not the client.
+    BackendUnavailable,
+}
+
 /// The error of a call that was rate limited: what was exceeded, and when to
 /// come back.
 ///
@@ -55,6 +66,8 @@ pub struct RateLimited {
     pub retry_after: Duration,
     /// When the budget is whole again.
     pub reset_after: Duration,
+    /// Over the limit, or refused because the limiter's backend failed.
+    pub cause: Cause,
 }
 
 impl RateLimited {
@@ -65,12 +78,41 @@ impl RateLimited {
             remaining: decision.remaining,
             retry_after: decision.retry_after,
             reset_after: decision.reset_after,
+            cause: Cause::OverLimit,
         }
+    }
+
+    /// A refusal because the backend failed under the `deny` policy. Retry
+    /// after a second: the limiter, not the client, has to recover.
+    pub fn backend_unavailable(limit: u64) -> RateLimited {
+        RateLimited {
+            limit,
+            remaining: 0,
+            retry_after: Duration::from_secs(1),
+            reset_after: Duration::from_secs(1),
+            cause: Cause::BackendUnavailable,
+        }
+    }
+
+    /// Whether the call was refused because the limiter's backend failed
+    /// (rather than because the client used up its budget).
+    pub fn is_backend_failure(&self) -> bool {
+        self.cause == Cause::BackendUnavailable
+    }
+
+    /// `retry_after` in whole seconds, rounded up (at least 1): the value of
+    /// an HTTP `Retry-After` header.
+    pub fn retry_after_secs(&self) -> u64 {
+        let d = self.retry_after;
+        (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
     }
 }
 
 impl fmt::Display for RateLimited {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_backend_failure() {
+            return f.write_str("rate limiter unavailable; call refused by the `deny` policy");
+        }
         write!(
             f,
             "rate limit of {} exceeded; retry after {} ms",

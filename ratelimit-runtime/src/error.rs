@@ -2,6 +2,21 @@
 
 use std::fmt;
 
+/// What the limiter does with a call when its backend fails or times out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum OnError {
+    /// Let the call through.
+    Allow,
+    /// Refuse the call with a [`RateLimited`](crate::RateLimited) whose
+    /// cause is [`BackendUnavailable`](crate::Cause::BackendUnavailable)
+    /// (an actix handler answers 503).
+    Deny,
+    /// Check the same rule in process memory until the backend answers again
+    /// (the default): limits hold per process meanwhile.
+    #[default]
+    Local,
+}
+
 /// Why a limiter could not be built, installed or asked.
 ///
 /// Being rate limited is not an `Error`: it is a [`Decision`](crate::Decision)
@@ -22,7 +37,8 @@ pub enum Error {
     /// the length of a call, so it needs `RateLimiter::acquire`.
     PermitRequired,
     /// [`RateLimiter::install`](crate::RateLimiter::install) was called when a
-    /// global limiter was already in place.
+    /// global limiter was already in place (or `install_as` with a name
+    /// already taken).
     AlreadyInstalled,
     /// The limiter's configuration is invalid (for example a malformed Redis URL).
     Config(String),

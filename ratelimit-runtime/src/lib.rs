@@ -58,9 +58,13 @@
 //!
 //! - `macros` (default): the [`rate_limit`] attribute.
 //! - `redis` (default): the Redis backend.
+//! - `actix`: actix-web handlers (429/503 responses with `Retry-After`,
+//!   `by = ip`, `by = header(..)`).
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "actix")]
+mod actix;
 mod algorithm;
 pub mod backend;
 mod clock;
@@ -71,8 +75,8 @@ mod rule;
 
 pub use backend::Backend;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use decision::{Decision, RateLimited};
-pub use error::Error;
+pub use decision::{Cause, Decision, RateLimited};
+pub use error::{Error, OnError};
 pub use limiter::{Permit, RateLimiter, RateLimiterBuilder};
 pub use rule::{Algorithm, Rule};
 
@@ -84,25 +88,120 @@ pub use ratelimit_macros::rate_limit;
 /// in any release without notice.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::{RateLimited, Rule};
+    pub use crate::{Algorithm, OnError, Permit, RateLimited, Rule};
     pub use ::core::option::Option;
+    pub use ::core::result::Result;
     pub use ::std::format;
+    pub use ::std::string::String;
     pub use ::std::time::Duration;
 
-    use crate::RateLimiter;
+    use std::sync::OnceLock;
 
-    /// Checks one call against the global limiter: `Some` if it is rejected.
-    pub async fn check(rule: &Rule, key: &str) -> Option<RateLimited> {
-        match RateLimiter::global().check(rule, key).await {
-            Ok(decision) => decision.rate_limited(),
-            // Only a custom backend's failure gets here (the built-in ones
-            // answer from memory when Redis fails): let the call through
-            // rather than fail requests because the limiter is broken.
-            Err(error) => {
-                tracing::error!(%error, key, "rate limiter failed; letting the call through");
-                None
+    use crate::{Error, RateLimiter};
+
+    /// One `#[rate_limit]` rule where it is written: a `static` per call site.
+    #[derive(Debug)]
+    pub struct Site {
+        rule: Rule,
+        cost: u64,
+        limiter: Option<&'static str>,
+        on_error: Option<OnError>,
+        shadow: bool,
+        named: OnceLock<RateLimiter>,
+    }
+
+    impl Site {
+        /// A call site's rule and options.
+        pub const fn new(
+            rule: Rule,
+            cost: u64,
+            limiter: Option<&'static str>,
+            on_error: Option<OnError>,
+            shadow: bool,
+        ) -> Site {
+            Site {
+                rule,
+                cost,
+                limiter,
+                on_error,
+                shadow,
+                named: OnceLock::new(),
             }
         }
+
+        fn limiter(&self) -> Option<&RateLimiter> {
+            let Some(name) = self.limiter else {
+                return Some(RateLimiter::global());
+            };
+            if let Some(limiter) = self.named.get() {
+                return Some(limiter);
+            }
+            let limiter = RateLimiter::named(name)?;
+            Some(self.named.get_or_init(|| limiter))
+        }
+    }
+
+    /// Checks one call: `Ok` with the permit to hold while the call runs,
+    /// `Err` with the rejection.
+    pub async fn check(site: &'static Site, key: &str) -> Result<Permit, RateLimited> {
+        let rule = &site.rule;
+        let Some(limiter) = site.limiter() else {
+            return missing_limiter(site, key).await;
+        };
+        let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
+        let refused = match limiter.acquire_with(rule, key, site.cost, on_error).await {
+            Ok(permit) if permit.decision().allowed => return Ok(permit),
+            Ok(permit) => RateLimited::from_decision(permit.decision()),
+            Err(Error::Backend(_)) => RateLimited::backend_unavailable(rule.count()),
+            // Costs are checked when the code is compiled; anything else is a
+            // bug of ours: let the call through rather than fail it.
+            Err(error) => {
+                tracing::error!(%error, key, "rate limiter failed; letting the call through");
+                return Ok(Permit::allowed_unchecked(rule));
+            }
+        };
+        if site.shadow {
+            tracing::info!(key, %refused, "shadow rate limit exceeded; call allowed");
+            return Ok(Permit::allowed_unchecked(rule));
+        }
+        Err(refused)
+    }
+
+    /// `limiter = "name"` with no limiter installed under that name: handled
+    /// like a backend failure (the in-memory default answers for `local`).
+    async fn missing_limiter(site: &'static Site, key: &str) -> Result<Permit, RateLimited> {
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        static FALLBACK: OnceLock<RateLimiter> = OnceLock::new();
+        if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::error!(
+                limiter = site.limiter,
+                "no rate limiter installed under this name (RateLimiter::install_as); \
+                 applying the rule's failure policy"
+            );
+        }
+        match site.on_error.unwrap_or_default() {
+            OnError::Allow => Ok(Permit::allowed_unchecked(&site.rule)),
+            OnError::Deny if site.shadow => Ok(Permit::allowed_unchecked(&site.rule)),
+            OnError::Deny => Err(RateLimited::backend_unavailable(site.rule.count())),
+            OnError::Local => {
+                let limiter = FALLBACK.get_or_init(RateLimiter::in_memory);
+                match limiter
+                    .acquire_with(&site.rule, key, site.cost, OnError::Local)
+                    .await
+                {
+                    Ok(permit) if !permit.decision().allowed && !site.shadow => {
+                        Err(RateLimited::from_decision(permit.decision()))
+                    }
+                    _ => Ok(Permit::allowed_unchecked(&site.rule)),
+                }
+            }
+        }
+    }
+
+    /// The value a fn returns for a rejection, by its return type.
+    #[inline]
+    pub fn reject<R: Reject>(limited: RateLimited) -> R {
+        R::reject(limited)
     }
 
     /// How a fn's return type reports a rejection when there is no `fallback`.
@@ -125,6 +224,22 @@ pub mod __private {
         #[inline]
         fn reject(limited: RateLimited) -> Self {
             Err(E::from(limited))
+        }
+    }
+
+    /// actix-web glue.
+    #[cfg(feature = "actix")]
+    pub mod actix {
+        pub use crate::actix::{key_with_header, key_with_ip, respond};
+        pub use ::actix_web::{Either, HttpRequest, HttpResponse};
+
+        /// An actix handler returning `HttpResponse` answers 429 (or 503).
+        #[diagnostic::do_not_recommend]
+        impl super::Reject for HttpResponse {
+            #[inline]
+            fn reject(limited: super::RateLimited) -> Self {
+                ::actix_web::ResponseError::error_response(&limited)
+            }
         }
     }
 }

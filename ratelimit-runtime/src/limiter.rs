@@ -5,10 +5,10 @@ use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
-use std::sync::Arc;
 #[cfg(feature = "redis")]
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::{Arc, PoisonError, RwLock};
 #[cfg(feature = "redis")]
 use std::time::Duration;
 
@@ -19,9 +19,10 @@ use crate::backend::memory::MemoryBackend;
 #[cfg(feature = "redis")]
 use crate::backend::redis::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, RedisBackend};
 use crate::clock::{Clock, SystemClock};
-use crate::{Algorithm, Decision, Error, Rule};
+use crate::{Algorithm, Decision, Error, OnError, Rule};
 
 static GLOBAL: OnceCell<RateLimiter> = OnceCell::new();
+static NAMED: RwLock<Vec<(Box<str>, RateLimiter)>> = RwLock::new(Vec::new());
 
 /// A rate limiter: a backend to keep budgets in, and what to do when it fails.
 ///
@@ -62,6 +63,7 @@ static GLOBAL: OnceCell<RateLimiter> = OnceCell::new();
 #[derive(Clone, Debug)]
 pub struct RateLimiter {
     inner: Arc<Store>,
+    on_error: OnError,
 }
 
 #[derive(Debug)]
@@ -98,7 +100,38 @@ impl RateLimiter {
     fn from_store(store: Store) -> RateLimiter {
         RateLimiter {
             inner: Arc::new(store),
+            on_error: OnError::default(),
         }
+    }
+
+    /// What this limiter does with a call when its backend fails
+    /// ([`RateLimiterBuilder::on_backend_error`]; a rule may say otherwise).
+    pub fn on_backend_error(&self) -> OnError {
+        self.on_error
+    }
+
+    /// Makes this limiter available by `name`, for rules that say
+    /// `limiter = "name"`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::AlreadyInstalled`] if a limiter already has that name.
+    pub fn install_as(self, name: &str) -> Result<(), Error> {
+        let mut named = NAMED.write().unwrap_or_else(PoisonError::into_inner);
+        if named.iter().any(|(n, _)| &**n == name) {
+            return Err(Error::AlreadyInstalled);
+        }
+        named.push((name.into(), self));
+        Ok(())
+    }
+
+    /// The limiter installed under `name`, if any.
+    pub fn named(name: &str) -> Option<RateLimiter> {
+        let named = NAMED.read().unwrap_or_else(PoisonError::into_inner);
+        named
+            .iter()
+            .find(|(n, _)| &**n == name)
+            .map(|(_, l)| l.clone())
     }
 
     /// Makes this the global limiter, the one `#[rate_limit]` uses.
@@ -137,8 +170,10 @@ impl RateLimiter {
     ///
     /// # Errors
     ///
-    /// Only a custom backend's failure: the Redis backend falls back to an
-    /// in-process limiter while Redis fails.
+    /// [`Error::Backend`] if the backend failed and the limiter's policy is
+    /// [`OnError::Deny`] (with `Local`, the default, the same rule is checked
+    /// in process memory instead; with `Allow`, the call is allowed), and
+    /// [`Error::PermitRequired`] for a `concurrency` rule.
     pub async fn check(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
         self.check_cost(rule, key, 1).await
     }
@@ -150,29 +185,11 @@ impl RateLimiter {
     /// [`Error::InvalidCost`] if `cost` is 0 or over the rule's capacity (such
     /// a call could never pass), and as [`check`](RateLimiter::check).
     pub async fn check_cost(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
-        validate_cost(rule, cost)?;
         if rule.algorithm() == Algorithm::Concurrency {
             return Err(Error::PermitRequired);
         }
-        match &*self.inner {
-            Store::Memory(memory) => Ok(memory.check_now(rule, key, cost)),
-            #[cfg(feature = "redis")]
-            Store::Redis {
-                redis,
-                insurance,
-                degraded,
-            } => match Backend::check(redis, rule, key, cost).await {
-                Ok(decision) => {
-                    recovered(degraded);
-                    Ok(decision)
-                }
-                Err(error) => {
-                    degrade(degraded, &error);
-                    Ok(insurance.check_now(rule, key, cost))
-                }
-            },
-            Store::Custom(backend) => DynBackend::check(&**backend, rule, key, cost).await,
-        }
+        let permit = self.acquire_with(rule, key, cost, self.on_error).await?;
+        Ok(permit.decision)
     }
 
     /// Checks and consumes `cost` units of `key`'s budget under `rule`, for
@@ -200,35 +217,60 @@ impl RateLimiter {
     /// As [`check_cost`](RateLimiter::check_cost), and [`Error::Unsupported`]
     /// from a custom backend without concurrency support.
     pub async fn acquire(&self, rule: &Rule, key: &str, cost: u64) -> Result<Permit, Error> {
+        self.acquire_with(rule, key, cost, self.on_error).await
+    }
+
+    /// [`acquire`](RateLimiter::acquire) under the failure policy `on_error`.
+    pub(crate) async fn acquire_with(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        on_error: OnError,
+    ) -> Result<Permit, Error> {
         validate_cost(rule, cost)?;
-        if rule.algorithm() != Algorithm::Concurrency {
-            let decision = self.check_cost(rule, key, cost).await?;
-            return Ok(Permit {
-                decision,
-                lease: None,
-            });
-        }
-        let id = next_lease_id();
+        let concurrency = rule.algorithm() == Algorithm::Concurrency;
+        let id = if concurrency { next_lease_id() } else { 0 };
         let (decision, held_by_insurance) = match &*self.inner {
-            Store::Memory(memory) => (memory.acquire_now(rule, key, cost, id), false),
+            Store::Memory(memory) if concurrency => {
+                (memory.acquire_now(rule, key, cost, id), false)
+            }
+            Store::Memory(memory) => (memory.check_now(rule, key, cost), false),
             #[cfg(feature = "redis")]
             Store::Redis {
                 redis,
                 insurance,
                 degraded,
-            } => match Backend::acquire(redis, rule, key, cost, id).await {
-                Ok(decision) => {
-                    recovered(degraded);
-                    (decision, false)
+            } => {
+                let answer = if concurrency {
+                    Backend::acquire(redis, rule, key, cost, id).await
+                } else {
+                    Backend::check(redis, rule, key, cost).await
+                };
+                match answer {
+                    Ok(decision) => {
+                        recovered(degraded);
+                        (decision, false)
+                    }
+                    Err(error) => {
+                        degrade(degraded, &error, on_error);
+                        match on_error {
+                            OnError::Local if concurrency => {
+                                (insurance.acquire_now(rule, key, cost, id), true)
+                            }
+                            OnError::Local => (insurance.check_now(rule, key, cost), true),
+                            OnError::Allow => return Ok(Permit::allowed_unchecked(rule)),
+                            OnError::Deny => return Err(error),
+                        }
+                    }
                 }
-                Err(error) => {
-                    degrade(degraded, &error);
-                    (insurance.acquire_now(rule, key, cost, id), true)
-                }
-            },
-            Store::Custom(backend) => (backend.acquire(rule, key, cost, id).await?, false),
+            }
+            Store::Custom(backend) if concurrency => {
+                (backend.acquire(rule, key, cost, id).await?, false)
+            }
+            Store::Custom(backend) => (backend.check(rule, key, cost).await?, false),
         };
-        let lease = decision.allowed.then(|| Lease {
+        let lease = (concurrency && decision.allowed).then(|| Lease {
             limiter: self.clone(),
             rule: *rule,
             key: key.into(),
@@ -280,12 +322,14 @@ fn recovered(degraded: &AtomicBool) {
 }
 
 #[cfg(feature = "redis")]
-fn degrade(degraded: &AtomicBool, error: &Error) {
+fn degrade(degraded: &AtomicBool, error: &Error, on_error: OnError) {
     if !degraded.swap(true, Ordering::Relaxed) {
-        tracing::warn!(
-            %error,
-            "Redis is unavailable; enforcing rate limits per process until it answers"
-        );
+        let policy = match on_error {
+            OnError::Local => "enforcing rate limits per process",
+            OnError::Allow => "letting calls through (policy `allow`)",
+            OnError::Deny => "refusing calls (policy `deny`)",
+        };
+        tracing::warn!(%error, "Redis is unavailable; {policy} until it answers");
     }
 }
 
@@ -314,6 +358,20 @@ pub struct Permit {
 }
 
 impl Permit {
+    /// An allowed call the backend could not check (policy `allow`).
+    pub(crate) fn allowed_unchecked(rule: &Rule) -> Permit {
+        Permit {
+            decision: Decision {
+                allowed: true,
+                limit: rule.count(),
+                remaining: rule.count(),
+                reset_after: std::time::Duration::ZERO,
+                retry_after: std::time::Duration::ZERO,
+            },
+            lease: None,
+        }
+    }
+
     /// The decision.
     pub fn decision(&self) -> &Decision {
         &self.decision
@@ -386,6 +444,7 @@ impl Drop for Lease {
 #[derive(Debug, Default)]
 pub struct RateLimiterBuilder {
     backend: BackendChoice,
+    on_error: OnError,
     clock: Option<Box<dyn Clock>>,
     #[cfg(feature = "redis")]
     timeout: Option<Duration>,
@@ -414,6 +473,15 @@ impl RateLimiterBuilder {
     #[cfg(feature = "redis")]
     pub fn redis(mut self, url: impl Into<String>) -> Self {
         self.backend = BackendChoice::Redis(url.into());
+        self
+    }
+
+    /// What to do with a call when the backend fails or does not answer in
+    /// time: [`OnError::Local`] (the default) checks the same rule in process
+    /// memory until it answers again, [`OnError::Allow`] lets calls through,
+    /// [`OnError::Deny`] refuses them. A rule's `on_error` overrides it.
+    pub fn on_backend_error(mut self, on_error: OnError) -> Self {
+        self.on_error = on_error;
         self
     }
 
@@ -471,7 +539,10 @@ impl RateLimiterBuilder {
             },
             BackendChoice::Custom(backend) => Store::Custom(backend),
         };
-        Ok(RateLimiter::from_store(store))
+        Ok(RateLimiter {
+            on_error: self.on_error,
+            ..RateLimiter::from_store(store)
+        })
     }
 }
 
