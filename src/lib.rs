@@ -1,5 +1,6 @@
 //! Support for this workspace's tests, examples and benches: real
-//! `redis-server` processes started on free ports. Not published.
+//! `redis-server` processes started on free ports, and a plain HTTP/1.1
+//! client that can choose its source address. Not published.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -170,4 +171,71 @@ fn ping(port: u16) -> bool {
     stream.write_all(b"PING\r\n").is_ok()
         && stream.read_exact(&mut reply).is_ok()
         && &reply == b"+PONG\r\n"
+}
+
+/// An HTTP response as read off the wire.
+#[derive(Debug)]
+pub struct HttpReply {
+    /// The status code.
+    pub status: u16,
+    /// Header names (lowercase) and values, in order.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: String,
+}
+
+impl HttpReply {
+    /// The first value of header `name` (any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Sends one HTTP/1.1 request from the local address `from` (any port) to
+/// `to`, over a new TCP connection, and reads the whole reply.
+pub async fn http(
+    from: std::net::IpAddr,
+    to: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<HttpReply> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let socket = if from.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.bind(std::net::SocketAddr::new(from, 0))?;
+    let mut stream = socket.connect(to).await?;
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {to}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("Content-Length: 0\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|line| line.split(' ').nth(1))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP reply: {text:?}")))?;
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Ok(HttpReply {
+        status,
+        headers,
+        body: body.to_owned(),
+    })
 }

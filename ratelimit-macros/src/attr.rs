@@ -94,6 +94,9 @@ impl Ctxt {
 /// One attribute's options as written: each value with the span of its name.
 struct RawArgs {
     span: Span,
+    /// The stacked attribute's tokens (none for the outermost one), to span
+    /// errors about the whole attribute.
+    attr: Option<TokenStream>,
     values: Vec<(Symbol, Ident, Option<Expr>)>,
     /// An unknown option was written: likely a misspelt one, so "missing
     /// option" errors would only repeat the same mistake.
@@ -177,13 +180,18 @@ impl Config {
     /// stacked below it (removed from `func`), checked against the fn.
     pub(crate) fn parse(args: TokenStream, func: &mut ItemFn) -> syn::Result<Config> {
         let mut cx = Ctxt::default();
-        let mut raws = vec![parse_raw(args, Span::call_site(), &mut cx)];
+        let mut raws = vec![parse_raw(args, Span::call_site(), None, &mut cx)];
         for attr in take_stacked(func) {
             let tokens = match &attr.meta {
                 syn::Meta::List(list) => list.tokens.clone(),
                 _ => TokenStream::new(),
             };
-            raws.push(parse_raw(tokens, attr.span(), &mut cx));
+            raws.push(parse_raw(
+                tokens,
+                attr.span(),
+                Some(attr.to_token_stream()),
+                &mut cx,
+            ));
         }
 
         if func.sig.asyncness.is_none() {
@@ -238,11 +246,12 @@ impl Config {
             if let Some(rule) = rule {
                 let identity = key_identity(rule);
                 if seen.contains(&identity) {
-                    cx.error(
-                        raw.span,
-                        "two rules of this fn use the same key: give each its own `key` \
-                         (or a different `by`)",
-                    );
+                    let message = "two rules of this fn use the same key: give each its own \
+                                   `key` (or a different `by`)";
+                    match &raw.attr {
+                        Some(tokens) => cx.error_tokens(tokens, message),
+                        None => cx.error(raw.span, message),
+                    }
                 }
                 seen.push(identity);
             }
@@ -304,9 +313,10 @@ fn take_stacked(func: &mut ItemFn) -> Vec<Attribute> {
     ours
 }
 
-fn parse_raw(args: TokenStream, span: Span, cx: &mut Ctxt) -> RawArgs {
+fn parse_raw(args: TokenStream, span: Span, attr: Option<TokenStream>, cx: &mut Ctxt) -> RawArgs {
     let mut raw = RawArgs {
         span,
+        attr,
         values: Vec::new(),
         unknown: false,
     };

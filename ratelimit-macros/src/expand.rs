@@ -218,3 +218,65 @@ fn reject(
         _ => quote!(return #value),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    fn expand(args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> String {
+        super::rate_limit(args, item).to_string()
+    }
+
+    #[test]
+    fn crate_option_replaces_every_path_to_the_runtime() {
+        let out = expand(
+            quote!(crate = "my::limits", key = "k:{id}", count = 3, by = ip),
+            quote!(
+                #[actix_web::get("/")]
+                async fn h(id: u32) -> impl Responder {
+                    "x"
+                }
+            ),
+        );
+        assert!(out.contains("my :: limits :: __private"), "{out}");
+        assert!(!out.contains("ratelimit_runtime"), "{out}");
+    }
+
+    #[test]
+    fn a_static_key_is_one_literal_and_the_rule_is_a_static() {
+        let out = expand(
+            quote!(key = "k", count = 3),
+            quote!(
+                async fn f() -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(out.contains(r#"concat ! ("limiter:k")"#), "{out}");
+        assert!(
+            !out.contains("format"),
+            "no allocation for a static key: {out}"
+        );
+        assert!(out.contains("static __RATELIMIT_SITE_0"), "{out}");
+    }
+
+    #[test]
+    fn stacked_rules_are_checked_in_the_order_written() {
+        let out = expand(
+            quote!(key = "first", count = 1),
+            quote!(
+                #[rate_limit(key = "second", count = 2)]
+                async fn f() -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        let first = out.find("limiter:first").expect("first rule");
+        let second = out.find("limiter:second").expect("second rule");
+        assert!(first < second, "{out}");
+        assert!(
+            !out.contains("# [rate_limit"),
+            "the stacked attribute is consumed: {out}"
+        );
+    }
+}

@@ -1,0 +1,151 @@
+//! `#[rate_limit]` on actix-web handlers, over real HTTP: a server on
+//! 127.0.0.1, clients from 127.0.0.1 and 127.0.0.2. The limiter is the
+//! in-memory default; every handler has its own key.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, Responder, get, post, web};
+use ratelimit_runtime::{RateLimited, rate_limit};
+use ratelimit_workspace::{HttpReply, http};
+
+const ONE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+const TWO: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+
+// The recommended order: `#[rate_limit]` above the route attribute; the
+// macro adds the `HttpRequest` it needs.
+#[rate_limit(key = "above", period = 10, count = 3, by = ip)]
+#[get("/above")]
+async fn above() -> impl Responder {
+    "above"
+}
+
+// The other order, with a request of the handler's own.
+#[get("/below")]
+#[rate_limit(key = "below", period = 10, count = 3, by = ip)]
+async fn below(req: HttpRequest) -> impl Responder {
+    format!("below {}", req.path())
+}
+
+#[get("/global")]
+#[rate_limit(key = "global", count = 2, period = 10)]
+async fn global() -> Result<String, actix_web::Error> {
+    Ok("global".into())
+}
+
+#[rate_limit(key = "header", count = 1, period = 10, by = header("X-Api-Key"))]
+#[post("/header")]
+async fn by_header() -> HttpResponse {
+    HttpResponse::Ok().body("header")
+}
+
+#[rate_limit(key = "demote:{name}", count = 1, period = 10, fallback = try_later)]
+#[get("/demote/{name}")]
+async fn demote(name: web::Path<String>) -> impl Responder {
+    format!("hello {name}")
+}
+
+async fn try_later(name: web::Path<String>, limited: RateLimited) -> impl Responder {
+    HttpResponse::ServiceUnavailable()
+        .insert_header(("x-demoted", "1"))
+        .body(format!(
+            "{name}: try again later ({} s)",
+            limited.retry_after_secs()
+        ))
+}
+
+async fn serve() -> SocketAddr {
+    let server = HttpServer::new(|| {
+        App::new()
+            .service(above)
+            .service(below)
+            .service(global)
+            .service(by_header)
+            .service(demote)
+    })
+    .workers(1)
+    .bind((Ipv4Addr::LOCALHOST, 0))
+    .expect("binding a loopback port");
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    addr
+}
+
+async fn get_from(from: IpAddr, addr: SocketAddr, path: &str) -> HttpReply {
+    http(from, addr, "GET", path, &[])
+        .await
+        .expect("an HTTP reply")
+}
+
+fn assert_limited(reply: &HttpReply) {
+    assert_eq!(reply.status, 429, "{reply:?}");
+    let retry_after: u64 = reply
+        .header("retry-after")
+        .expect("Retry-After on a 429")
+        .parse()
+        .expect("whole seconds");
+    assert!((1..=10).contains(&retry_after), "{reply:?}");
+}
+
+async fn separate_budgets_per_client_address(path: &str) {
+    let addr = serve().await;
+    for _ in 0..3 {
+        assert_eq!(get_from(ONE, addr, path).await.status, 200);
+    }
+    assert_limited(&get_from(ONE, addr, path).await);
+    // Another client address has a budget of its own.
+    for _ in 0..3 {
+        assert_eq!(get_from(TWO, addr, path).await.status, 200);
+    }
+    assert_limited(&get_from(TWO, addr, path).await);
+    assert_limited(&get_from(ONE, addr, path).await);
+}
+
+#[actix_web::test]
+async fn by_ip_above_the_route() {
+    separate_budgets_per_client_address("/above").await;
+}
+
+#[actix_web::test]
+async fn by_ip_below_the_route() {
+    separate_budgets_per_client_address("/below").await;
+    let addr = serve().await;
+    let reply = get_from(ONE, addr, "/below").await;
+    assert_eq!(
+        reply.status, 429,
+        "the budget is the process's, not the server's"
+    );
+}
+
+#[actix_web::test]
+async fn a_global_rule_is_shared_by_every_client_and_answers_429() {
+    let addr = serve().await;
+    assert_eq!(get_from(ONE, addr, "/global").await.body, "global");
+    assert_eq!(get_from(TWO, addr, "/global").await.status, 200);
+    let reply = get_from(ONE, addr, "/global").await;
+    assert_limited(&reply);
+    assert!(reply.body.starts_with("Too Many Requests"), "{reply:?}");
+}
+
+#[actix_web::test]
+async fn by_header_gives_each_header_value_a_budget() {
+    let addr = serve().await;
+    let post = |key: &'static str| async move {
+        http(ONE, addr, "POST", "/header", &[("x-api-key", key)])
+            .await
+            .unwrap()
+    };
+    assert_eq!(post("alpha").await.status, 200);
+    assert_limited(&post("alpha").await);
+    assert_eq!(post("beta").await.status, 200);
+}
+
+#[actix_web::test]
+async fn the_fallback_answers_for_a_limited_handler() {
+    let addr = serve().await;
+    assert_eq!(get_from(ONE, addr, "/demote/ann").await.body, "hello ann");
+    let reply = get_from(ONE, addr, "/demote/ann").await;
+    assert_eq!(reply.status, 503);
+    assert_eq!(reply.header("x-demoted"), Some("1"));
+    assert_eq!(reply.body, "ann: try again later (10 s)");
+    assert_eq!(get_from(ONE, addr, "/demote/bob").await.status, 200);
+}
