@@ -13,36 +13,77 @@ use proc_macro::TokenStream;
 /// # Syntax
 ///
 /// ```text
-/// #[rate_limit(count = N [, period = P] [, key = "..."] [, prefix = "..."] [, fallback = path])]
+/// #[rate_limit(count = N [, period = P] [, key = "..."] [, by = ...] [, algorithm = ...] [, ...])]
+/// #[rate_limit(rule = CONST [, key = "..."] [, by = ...] [, ...])]
 /// ```
 ///
 /// # Arguments
 ///
-/// - `count = N` (required): calls allowed per period, 1 to 1,000,000,000.
-/// - `period = P`: the window, as whole seconds (`period = 10`) or a string
-///   with a unit: `"500ms"`, `"10s"`, `"1m"`, `"1h"`. Default: 1 second.
-/// - `key = "..."`: the rule's name, shared by every fn that uses it. It may
-///   hold `{param}` placeholders naming the fn's parameters, rendered with
-///   `Display` (`key = "login:{user}"` gives each user a budget); `{{` and
-///   `}}` are literal braces. Default: the fn's module path and name.
+/// - `key = "..."`: the rule's name; fns with the same key (and prefix) share
+///   one budget. `{param}` placeholders render the fn's parameters with
+///   `Display` (`key = "login:{user}"`), `{self.field}` a field of the
+///   receiver; `{{` and `}}` are literal braces. Default: the fn's module
+///   path and name.
 /// - `prefix = "..."`: put before the key (the Redis key namespace).
-///   Default: `"limiter:"`.
-/// - `fallback = path`: the demote path. An `async fn` called with the fn's
-///   own arguments (`self` first for methods) plus a `RateLimited`, returning
+///   Default `"limiter:"`.
+/// - `count = N`: units allowed per period, 1 to 1,000,000,000 (for
+///   `concurrency`: calls in flight). Required unless `rule` is given.
+/// - `period = N` or `"500ms"`, `"10s"`, `"1m"`, `"1h"`: whole seconds or a
+///   string with a unit. Default 1 s. For `concurrency`, how long a lease
+///   lasts if its call never ends.
+/// - `by = global | ip | header("name") | arg(param)`: whose budget. `global`
+///   (the default) is one for all callers; `ip` is per client address and
+///   `header("x-api-key")` per header value (actix-web handlers; requests
+///   without the header share one budget); `arg(user)` per value of a
+///   parameter. The subject is added to the key (`limiter:search:ip:1.2.3.4`).
+/// - `algorithm = fixed_window | sliding_window | sliding_log | token_bucket | gcra | concurrency`:
+///   default `fixed_window`. See the runtime's README for what each guarantees.
+/// - `burst = N`: the bucket of `token_bucket` or `gcra` (default `count`);
+///   an error for the other algorithms.
+/// - `cost = N`: units one call takes (default 1); over the capacity
+///   (`burst` or `count`) is a compile error.
+/// - `fallback = path`: the demote path: an `async fn` called with the fn's
+///   own arguments (`self` first for methods) and a `RateLimited`, returning
 ///   the fn's return type.
+/// - `on_error = allow | deny | local`: when the backend fails or times out,
+///   let the call through, refuse it (`RateLimited::is_backend_failure()`;
+///   503 from an actix handler), or check it in process memory. Default:
+///   the limiter's `on_backend_error` (`local`).
+/// - `limiter = "name"`: use the limiter installed with
+///   `RateLimiter::install_as("name")` instead of the global one. If none is
+///   installed under that name, the call is treated as a backend failure.
+/// - `rule = CONST`: a `const Rule` defined elsewhere, instead of `count`,
+///   `period`, `algorithm` and `burst`.
+/// - `shadow`: check and record (a `tracing` event), never refuse: for
+///   rolling out a new limit.
+/// - `crate = "path"`: where the runtime is, for crates that re-export it or
+///   depend on it under another name. Default `::ratelimit_runtime`.
 ///
 /// # Notes
 ///
-/// - Only `async fn`s: the check awaits the limiter before the body runs.
-/// - A rejected call returns the `fallback`'s value if there is one;
-///   otherwise the fn must return `Result<T, E>` with `E: From<RateLimited>`
-///   (`RateLimited` itself, `Box<dyn Error>`, `anyhow::Error`, ...) and gets
-///   `Err(RateLimited.into())`. Any other return type is a compile error.
-/// - A rejected call consumes nothing; its `RateLimited` says when to retry.
-/// - The check uses the global limiter (`RateLimiter::install`), in memory
-///   unless one was installed.
-/// - Mistakes are compile errors at the offending token: `count = 0`, a bad
-///   period, an unknown or repeated option, a placeholder naming no parameter.
+/// - Only `async fn`s (free, methods with `&self`/`&mut self`, in inherent
+///   and trait impls, generic): the check awaits the limiter first.
+/// - What a rejected call returns: the `fallback`'s value if there is one;
+///   otherwise, for `Result<T, E>` with `E: From<RateLimited>` (`RateLimited`,
+///   `Box<dyn Error + Send + Sync>`, `anyhow::Error`, `actix_web::Error`, ...),
+///   `Err(RateLimited.into())`; for an actix handler returning `HttpResponse`
+///   or `impl Responder`, a `429 Too Many Requests` with `Retry-After`. Any
+///   other return type is a compile error listing these choices.
+/// - actix-web: write `#[rate_limit]` **above** the route attribute
+///   (`#[get(..)]`, `#[post(..)]`, `#[route(..)]`): the macro then knows the
+///   fn is a handler and adds an `HttpRequest` parameter when `by = ip` or
+///   `by = header(..)` needs one. Below the route attribute also works when
+///   the handler returns `impl Responder` or `HttpResponse`, or takes an
+///   `HttpRequest` itself (it is reused). A fn returning `impl Responder` is
+///   taken for a handler.
+/// - Stacked attributes are all checked, in the order written, before the
+///   body. A call refused by a later rule has already used the units of the
+///   earlier ones (they are not given back), like a gateway with several
+///   filters. Two rules of one fn may not share a key.
+/// - A `concurrency` rule holds its units while the body runs; they are
+///   released when the call ends, also by error, panic or cancellation.
+/// - Mistakes are compile errors at the offending token, and the fn is still
+///   emitted unchanged so the rest of the code type-checks.
 ///
 /// # Examples
 ///
@@ -60,7 +101,7 @@ use proc_macro::TokenStream;
 /// }
 ///
 /// async fn export_later(format: &str, limited: RateLimited) -> String {
-///     format!("{format} export queued; next slot in {} s", limited.retry_after.as_secs())
+///     format!("{format} export queued; next slot in {} s", limited.retry_after_secs())
 /// }
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -73,22 +114,41 @@ use proc_macro::TokenStream;
 /// # }
 /// ```
 ///
+/// An actix-web handler, limited per client address (feature `actix`):
+///
+/// ```
+/// use actix_web::{get, Responder};
+/// use ratelimit_runtime::rate_limit;
+///
+/// #[rate_limit(key = "ip_limit_test", period = 10, count = 3, by = ip)]
+/// #[get("/limitTest3")]
+/// async fn limit_test3() -> impl Responder {
+///     "3"
+/// }
+/// # let _ = actix_web::App::new().service(limit_test3);
+/// ```
+///
 /// # What it expands to
 ///
-/// For `#[rate_limit(key = "report:{user_id}", count = 2, period = "1m")]`,
+/// For `#[rate_limit(key = "report:{user_id}", count = 2, period = "1m")]`
 /// the body becomes, in outline:
 ///
 /// ```text
-/// const __RATELIMIT_RULE: Rule = Rule::fixed_window(2, Duration::from_millis(60000));
-/// if let Some(limited) = check(&__RATELIMIT_RULE, &format!("limiter:report:{}", user_id)).await {
-///     return <Result<String, RateLimited> as Reject>::reject(limited); // Err(limited.into())
-/// }
+/// static __RATELIMIT_SITE_0: Site = Site::new(
+///     Rule::new(Algorithm::FixedWindow, 2, Duration::from_millis(60000)), 1, None, None, false);
+/// let __ratelimit_permit_0 = match check(&__RATELIMIT_SITE_0, &format!("limiter:report:{}", user_id)).await {
+///     Ok(permit) => permit,
+///     Err(limited) => return <Result<String, RateLimited> as Reject>::reject(limited), // Err(limited.into())
+/// };
 /// /* the original body */
 /// ```
 ///
-/// A key without placeholders is a single `&'static str` and allocates
-/// nothing per call; the rule is a `const`. Everything else of the fn
-/// (attributes, docs, visibility, generics) is kept as written.
+/// Paths are absolute (`::ratelimit_runtime::__private::...`). A key without
+/// placeholders is one `&'static str` built at compile time, so a call
+/// allocates nothing for it; the rule is a `static`. The attribute costs
+/// about 2 % over the same check written by hand (`cargo bench --bench
+/// attribute`). Everything else of the fn (attributes, docs, visibility,
+/// generics, lifetimes) is kept as written.
 #[proc_macro_attribute]
 pub fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::rate_limit(args.into(), item.into()).into()
