@@ -151,6 +151,8 @@ pub(crate) struct RuleConfig {
     pub(crate) rule: RuleSource,
     pub(crate) cost: u64,
     pub(crate) cost_span: Span,
+    /// The rule's name in rate-limit headers: its `key` as written.
+    pub(crate) name: String,
     pub(crate) fallback: Option<syn::Path>,
     pub(crate) on_error: Option<&'static str>,
     pub(crate) limiter: Option<String>,
@@ -170,9 +172,12 @@ pub(crate) struct Config {
     pub(crate) krate: syn::Path,
     pub(crate) rules: Vec<RuleConfig>,
     pub(crate) request: Option<Request>,
-    /// The fn returns `impl Responder`: a rejection is the left side of an
-    /// `Either` around the body.
+    /// An actix handler whose response the expansion builds: a route
+    /// attribute is in sight, or it returns `impl Responder`. It then returns
+    /// `HttpResponse`, with rate-limit headers on allowed responses too.
     pub(crate) responder: bool,
+    /// The fn's return type when the expansion replaces it (to type the body).
+    pub(crate) original_output: Option<Type>,
 }
 
 impl Config {
@@ -217,9 +222,11 @@ impl Config {
             })
             .unwrap_or_else(|| syn::parse_quote!(::ratelimit_runtime));
 
+        let routed = is_routed(func);
         let responder = match &func.sig.output {
             ReturnType::Type(_, ty) => match &**ty {
                 Type::ImplTrait(imp) if mentions(imp.to_token_stream(), &["Responder"]) => true,
+                _ if routed => true,
                 Type::ImplTrait(imp) => {
                     cx.error_tokens(
                         imp,
@@ -232,7 +239,14 @@ impl Config {
                 }
                 _ => false,
             },
-            ReturnType::Default => false,
+            ReturnType::Default => routed,
+        };
+        let original_output = match &func.sig.output {
+            ReturnType::Type(_, ty) if responder && !matches!(**ty, Type::ImplTrait(_)) => {
+                Some((**ty).clone())
+            }
+            ReturnType::Default if responder => Some(syn::parse_quote!(())),
+            _ => None,
         };
 
         let rules: Vec<Option<RuleConfig>> = raws
@@ -258,6 +272,7 @@ impl Config {
         }
 
         let needs_request = responder
+            || looks_like_handler(func)
             || rules
                 .iter()
                 .flatten()
@@ -294,6 +309,7 @@ impl Config {
             rules: rules.into_iter().flatten().collect(),
             request,
             responder,
+            original_output,
         })
     }
 }
@@ -393,9 +409,11 @@ fn rule_config(raw: &RawArgs, func: &ItemFn, cx: &mut Ctxt) -> Option<RuleConfig
     }
 
     let mut key = vec![Part::Text(prefix)];
+    let mut name = func.sig.ident.to_string();
     match raw.value(KEY) {
         Some(value) => {
             if let Some(lit) = string(value, KEY, cx) {
+                name = lit.value();
                 key_template(&lit, func, &mut key, cx);
             }
         }
@@ -472,6 +490,7 @@ fn rule_config(raw: &RawArgs, func: &ItemFn, cx: &mut Ctxt) -> Option<RuleConfig
         rule: rule?,
         cost: cost.0,
         cost_span: cost.1,
+        name,
         fallback,
         on_error,
         limiter,
@@ -1016,19 +1035,24 @@ fn request_param(func: &ItemFn) -> Option<Ident> {
     })
 }
 
-/// An actix-web handler: a route attribute is in sight (when
-/// `#[rate_limit]` is written above it), or the return type is actix's.
-fn looks_like_handler(func: &ItemFn) -> bool {
+/// A route attribute is in sight (`#[rate_limit]` is written above it).
+fn is_routed(func: &ItemFn) -> bool {
     const ROUTES: [&str; 11] = [
         "get", "post", "put", "delete", "patch", "head", "options", "trace", "connect", "route",
         "routes",
     ];
-    let routed = func.attrs.iter().any(|attr| {
+    func.attrs.iter().any(|attr| {
         attr.path()
             .segments
             .last()
             .is_some_and(|s| ROUTES.iter().any(|r| s.ident == r))
-    });
+    })
+}
+
+/// An actix-web handler: a route attribute is in sight, or the return type
+/// is actix's, or it takes an `HttpRequest`.
+fn looks_like_handler(func: &ItemFn) -> bool {
+    let routed = is_routed(func) || request_param(func).is_some();
     let actix_output = match &func.sig.output {
         ReturnType::Type(_, ty) => mentions(
             ty.to_token_stream(),

@@ -57,9 +57,11 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         }
     });
 
+    let n = config.rules.len();
     let checks = config.rules.iter().enumerate().map(|(i, rule)| {
         let site = format_ident!("__RATELIMIT_SITE_{}", i);
         let permit = format_ident!("__ratelimit_permit_{}", i);
+        let name = &rule.name;
         let rule_expr = rule_expr(&rule.rule, &rt);
         let cost = rule.cost;
         let limiter = match &rule.limiter {
@@ -83,13 +85,22 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
             },
             RuleSource::Inline { .. } => TokenStream::new(),
         };
-        let key = key_expr(rule, &rt, request.as_ref());
-        let reject = reject(rule, &config, &func, &forwarded, request.as_ref(), &rt);
+        let check = check_call(rule, &site, &rt, request.as_ref());
+        let reject = reject(rule, &config, &func, &forwarded, &rt);
+        let passed = if config.responder {
+            quote! {{
+                __ratelimit_seen[#i] = #rt::actix::report(&#site, &__ratelimit_permit);
+                __ratelimit_permit
+            }}
+        } else {
+            quote!(__ratelimit_permit)
+        };
         quote! {
             #cost_check
-            static #site: #rt::Site = #rt::Site::new(#rule_expr, #cost, #limiter, #on_error, #shadow);
-            let #permit = match #rt::check(&#site, #key).await {
-                #rt::Result::Ok(__ratelimit_permit) => __ratelimit_permit,
+            static #site: #rt::Site =
+                #rt::Site::new(#name, #rule_expr, #cost, #limiter, #on_error, #shadow);
+            let #permit = match #check.await {
+                #rt::Result::Ok(__ratelimit_permit) => #passed,
                 #rt::Result::Err(__ratelimit_limited) => #reject,
             };
         }
@@ -97,19 +108,29 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
     let checks: Vec<TokenStream> = checks.collect();
 
     let body = &func.block;
-    let tail = if config.responder {
-        // `return` in the body leaves the async block, not the fn: the fn
-        // answers `Either::Right` of whatever the body gives.
-        quote!(#rt::actix::Either::Right(async move #body.await))
-    } else {
-        body.to_token_stream()
-    };
     // The permits live until the body has run: concurrency leases are
     // released when they drop.
-    let block = quote!({
-        #(#checks)*
-        #tail
-    });
+    let block = if config.responder {
+        let req = request.as_ref().expect("handlers always have the request");
+        let typed = config.original_output.as_ref().map(|ty| quote!(: #ty));
+        // The expansion answers `HttpResponse` itself, with the rate-limit
+        // headers of every rule; the body runs in an async block, so
+        // `return` in it still gives the body's value.
+        func.sig.output = syn::parse_quote!(-> #rt::actix::HttpResponse);
+        quote!({
+            let __ratelimit_reply_req = ::core::clone::Clone::clone(&#req);
+            let mut __ratelimit_seen: [#rt::Option<#rt::actix::Report>; #n] = [#rt::Option::None; #n];
+            #(#checks)*
+            let __ratelimit_headers = #rt::actix::headers_for(&__ratelimit_seen, &__ratelimit_reply_req);
+            let __ratelimit_out #typed = async move #body.await;
+            #rt::actix::with_headers(__ratelimit_out, __ratelimit_headers, &__ratelimit_reply_req)
+        })
+    } else {
+        quote!({
+            #(#checks)*
+            #body
+        })
+    };
     *func.block = syn::parse2(block).expect("the expansion is a block");
     func.into_token_stream()
 }
@@ -132,11 +153,33 @@ fn rule_expr(source: &RuleSource, rt: &TokenStream) -> TokenStream {
     }
 }
 
-/// The call's full key, as a `&str`: one `&'static str` built at compile
-/// time when nothing in it depends on the call.
-fn key_expr(rule: &RuleConfig, rt: &TokenStream, request: Option<&Ident>) -> TokenStream {
+/// The check of one rule: through the request for a handler (the app's
+/// limiter, the client's address), else with the full key.
+fn check_call(
+    rule: &RuleConfig,
+    site: &Ident,
+    rt: &TokenStream,
+    request: Option<&Ident>,
+) -> TokenStream {
+    let key = key_expr(rule, rt);
+    match request {
+        Some(req) => {
+            let by = match &rule.subject {
+                Subject::Global => quote!(#rt::actix::By::Global),
+                Subject::Ip => quote!(#rt::actix::By::Ip),
+                Subject::Header(name) => quote!(#rt::actix::By::Header(#name)),
+            };
+            quote!(#rt::actix::check(&#site, #key, #by, &#req))
+        }
+        None => quote!(#rt::check(&#site, #key)),
+    }
+}
+
+/// The rule's key (before any `by = ip`/`header` subject), as a `&str`: one
+/// `&'static str` built at compile time when nothing in it depends on the call.
+fn key_expr(rule: &RuleConfig, rt: &TokenStream) -> TokenStream {
     let dynamic = rule.key.iter().any(|part| matches!(part, Part::Value(_)));
-    let base = if dynamic {
+    if dynamic {
         let mut format = String::new();
         let mut args = Vec::new();
         for part in &rule.key {
@@ -160,14 +203,6 @@ fn key_expr(rule: &RuleConfig, rt: &TokenStream, request: Option<&Ident>) -> Tok
             Part::Value(_) => unreachable!("not dynamic"),
         });
         quote!(::core::concat!(#(#pieces),*))
-    };
-    match (&rule.subject, request) {
-        (Subject::Global, _) => base,
-        (Subject::Ip, Some(req)) => quote!(&#rt::actix::key_with_ip(#base, &#req)),
-        (Subject::Header(name), Some(req)) => {
-            quote!(&#rt::actix::key_with_header(#base, &#req, #name))
-        }
-        (_, None) => unreachable!("a request is planned for every `by` that needs one"),
     }
 }
 
@@ -177,7 +212,6 @@ fn reject(
     config: &Config,
     func: &ItemFn,
     forwarded: &[Ident],
-    request: Option<&Ident>,
     rt: &TokenStream,
 ) -> TokenStream {
     let value = match &rule.fallback {
@@ -190,7 +224,11 @@ fn reject(
                 .map(|ident| Ident::new(&ident.to_string(), span));
             quote_spanned!(span=> #fallback(#(#args,)* __ratelimit_limited).await)
         }
-        None if config.responder => quote!(__ratelimit_limited),
+        None if config.responder => {
+            return quote! {
+                return #rt::actix::refused(__ratelimit_limited, &__ratelimit_seen, &__ratelimit_reply_req)
+            };
+        }
         None => {
             // Named, the return type carries the user's span: a type that
             // cannot report a rejection is an error there. A type with
@@ -211,11 +249,12 @@ fn reject(
             };
         }
     };
-    match (config.responder, request) {
-        (true, Some(req)) => {
-            quote!(return #rt::actix::Either::Left(#rt::actix::respond(#value, &#req)))
+    if config.responder {
+        quote! {
+            return #rt::actix::demoted(#value, &__ratelimit_limited, &__ratelimit_seen, &__ratelimit_reply_req)
         }
-        _ => quote!(return #value),
+    } else {
+        quote!(return #value)
     }
 }
 

@@ -1,49 +1,474 @@
-//! actix-web support (feature `actix`): a refused call answers `429 Too Many
-//! Requests` (or `503` when the limiter's backend failed under the `deny`
-//! policy) with `Retry-After`, and `by = ip` / `by = header(..)` read the
-//! request.
+//! actix-web support (feature `actix`): who the client is, what a limited
+//! response looks like, and the [`RateLimit`] middleware.
+//!
+//! - Client identity: the TCP peer address, unless the peer is a trusted
+//!   proxy ([`HttpOptions::trust_proxies`]); then `Forwarded`,
+//!   `X-Forwarded-For` or `X-Real-IP` are read from the right, and the
+//!   right-most address that is not a trusted proxy is the client. IPv6
+//!   clients are grouped by prefix (/64 by default).
+//! - Responses: a refused call answers `429 Too Many Requests` with
+//!   `Retry-After` (whole seconds, rounded up); `503` when the backend failed
+//!   under the `deny` policy; `400` when a per-client rule cannot tell who the
+//!   client is. Limited responses, allowed or not, carry the IETF draft's
+//!   `RateLimit-Policy` and `RateLimit` fields (and/or the widely deployed
+//!   `X-RateLimit-*`).
+//! - The limiter: the one in the app's data (`App::app_data(limiter)` or
+//!   `web::Data<RateLimiter>`) when present, else the global one.
 
 use std::fmt::Write as _;
+use std::future::{Future, Ready, ready};
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
 
-use actix_web::body::BoxBody;
+use actix_web::body::{BoxBody, EitherBody};
+use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
 use actix_web::http::StatusCode;
-use actix_web::http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
-use actix_web::{HttpRequest, HttpResponse, Responder, ResponseError};
+use actix_web::http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use actix_web::{HttpRequest, HttpResponse, Responder, ResponseError, web};
 
-use crate::RateLimited;
+use crate::{Cause, Decision, Error, OnError, RateLimited, RateLimiter, Rule};
 
-/// `429 Too Many Requests` (`503 Service Unavailable` for a backend failure
-/// under the `deny` policy), with `Retry-After` in whole seconds and a plain
-/// text body. So `actix_web::Error: From<RateLimited>`, and a handler
-/// returning `Result<_, actix_web::Error>` answers this when limited.
-impl ResponseError for RateLimited {
-    fn status_code(&self) -> StatusCode {
-        if self.is_backend_failure() {
-            StatusCode::SERVICE_UNAVAILABLE
-        } else {
-            StatusCode::TOO_MANY_REQUESTS
-        }
-    }
+/// How a limiter deals with HTTP: who the client is, and what limited
+/// responses carry. Set it with [`RateLimiterBuilder::http`](crate::RateLimiterBuilder::http).
+///
+/// ```
+/// use ratelimit_runtime::{HeaderStyle, HttpOptions};
+///
+/// let options = HttpOptions::new()
+///     .trust_proxies(["10.0.0.0/8", "192.168.1.1"])
+///     .unwrap()
+///     .ipv6_prefix(56)
+///     .headers(HeaderStyle::Both)
+///     .json_body(true);
+/// ```
+#[derive(Clone, Debug)]
+pub struct HttpOptions {
+    trusted: Vec<Cidr>,
+    ipv6_prefix: u8,
+    unknown_client: UnknownClient,
+    headers: HeaderStyle,
+    json: bool,
+}
 
-    fn error_response(&self) -> HttpResponse {
-        let mut response = HttpResponse::build(self.status_code());
-        response.insert_header((RETRY_AFTER, HeaderValue::from(self.retry_after_secs())));
-        response.insert_header((
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        ));
-        if self.is_backend_failure() {
-            response.body("Service Unavailable: the rate limiter cannot decide; try again later\n")
-        } else {
-            response.body(format!(
-                "Too Many Requests: try again in {} s\n",
-                self.retry_after_secs()
-            ))
+/// Which rate-limit header fields limited responses carry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers),
+    /// the default.
+    #[default]
+    Draft,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`
+    /// (seconds until the budget is whole again).
+    Legacy,
+    /// Both.
+    Both,
+    /// None (`Retry-After` is still sent with a refusal).
+    None,
+}
+
+/// What a per-client rule (`by = ip`) does with a request whose client it
+/// cannot tell (no peer address, or a forwarding header it cannot read).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UnknownClient {
+    /// Refuse it with `400 Bad Request` (the default).
+    #[default]
+    Reject,
+    /// Count it against one budget shared by all such requests.
+    Shared,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            trusted: Vec::new(),
+            ipv6_prefix: 64,
+            unknown_client: UnknownClient::Reject,
+            headers: HeaderStyle::Draft,
+            json: false,
         }
     }
 }
 
-/// A `RateLimited` returned from a handler is its 429 (or 503) response.
+impl HttpOptions {
+    /// The defaults: no trusted proxies, IPv6 grouped by /64, unknown clients
+    /// refused, draft headers, plain text bodies.
+    pub fn new() -> HttpOptions {
+        HttpOptions::default()
+    }
+
+    /// Trusts forwarding headers from these proxies: addresses
+    /// (`"10.0.0.1"`, `"::1"`) or CIDR blocks (`"10.0.0.0/8"`, `"fd00::/8"`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming the entry that is neither.
+    pub fn trust_proxies<'a>(
+        mut self,
+        proxies: impl IntoIterator<Item = &'a str>,
+    ) -> Result<HttpOptions, Error> {
+        for proxy in proxies {
+            self.trusted
+                .push(Cidr::parse(proxy).map_err(Error::Config)?);
+        }
+        Ok(self)
+    }
+
+    /// Groups IPv6 clients by this prefix length (default 64: one budget per
+    /// /64, the smallest block a subscriber usually gets). 128 counts every
+    /// address alone.
+    pub fn ipv6_prefix(mut self, bits: u8) -> HttpOptions {
+        self.ipv6_prefix = bits.min(128);
+        self
+    }
+
+    /// What to do with requests whose client cannot be told.
+    pub fn unknown_client(mut self, rule: UnknownClient) -> HttpOptions {
+        self.unknown_client = rule;
+        self
+    }
+
+    /// Which rate-limit header fields to send.
+    pub fn headers(mut self, style: HeaderStyle) -> HttpOptions {
+        self.headers = style;
+        self
+    }
+
+    /// Refusals with a JSON body (`{"error": "...", "retry_after": ...}`)
+    /// instead of plain text.
+    pub fn json_body(mut self, json: bool) -> HttpOptions {
+        self.json = json;
+        self
+    }
+
+    /// The client's address: the TCP peer, or, when the peer is a trusted
+    /// proxy, the right-most untrusted hop of the forwarding headers.
+    /// IPv4-mapped IPv6 addresses are read as IPv4. `None` when there is no
+    /// usable address.
+    pub fn client_ip(&self, req: &HttpRequest) -> Option<IpAddr> {
+        self.resolve(req.peer_addr().map(|a| a.ip()), req.headers())
+    }
+
+    fn trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|cidr| cidr.contains(ip))
+    }
+
+    fn resolve(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<IpAddr> {
+        let mut client = canonical(peer?);
+        if !self.trusted(client) {
+            return Some(client);
+        }
+        for hop in forwarded_hops(headers).iter().rev() {
+            let hop = canonical((*hop)?);
+            if !self.trusted(hop) {
+                return Some(hop);
+            }
+            client = hop;
+        }
+        // Every hop is a trusted proxy: the left-most is the best we know.
+        Some(client)
+    }
+
+    /// `ip:<address>` for the key (IPv6 masked to the prefix), or `None`.
+    fn client_subject(&self, req: &HttpRequest) -> Option<String> {
+        let ip = self.client_ip(req)?;
+        let mut subject = String::with_capacity(48);
+        subject.push_str(":ip:");
+        match ip {
+            IpAddr::V4(v4) => {
+                let _ = write!(subject, "{v4}");
+            }
+            IpAddr::V6(v6) => {
+                let bits = u32::from(self.ipv6_prefix);
+                let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+                let masked = std::net::Ipv6Addr::from(u128::from(v6) & mask);
+                let _ = write!(subject, "{masked}/{bits}");
+            }
+        }
+        Some(subject)
+    }
+}
+
+/// IPv4-mapped IPv6 (`::ffff:1.2.3.4`) is the IPv4 client it carries.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// The forwarding chain, client first: from `Forwarded` if present, else
+/// `X-Forwarded-For`, else `X-Real-IP`. `None` marks a hop that is not an
+/// address (`unknown`, an obfuscated name, garbage).
+fn forwarded_hops(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
+    let forwarded: Vec<Option<IpAddr>> = headers
+        .get_all("forwarded")
+        .flat_map(|value| split_list(value))
+        .map(|element| {
+            element
+                .split(';')
+                .filter_map(|pair| pair.split_once('='))
+                .find(|(name, _)| name.trim().eq_ignore_ascii_case("for"))
+                .and_then(|(_, value)| parse_node(value))
+        })
+        .collect();
+    if !forwarded.is_empty() {
+        return forwarded;
+    }
+    let forwarded_for: Vec<Option<IpAddr>> = headers
+        .get_all("x-forwarded-for")
+        .flat_map(|value| split_list(value))
+        .map(parse_node)
+        .collect();
+    if !forwarded_for.is_empty() {
+        return forwarded_for;
+    }
+    headers
+        .get("x-real-ip")
+        .map(|value| vec![value.to_str().ok().and_then(parse_node)])
+        .unwrap_or_default()
+}
+
+fn split_list(value: &HeaderValue) -> Vec<&str> {
+    match value.to_str() {
+        Ok(text) => text.split(',').map(str::trim).collect(),
+        // Not text: one hop nobody can read.
+        Err(_) => vec![""],
+    }
+}
+
+/// `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]:80`, optionally quoted.
+fn parse_node(node: &str) -> Option<IpAddr> {
+    let node = node.trim().trim_matches('"');
+    if let Some(rest) = node.strip_prefix('[') {
+        return rest.split_once(']')?.0.parse().ok();
+    }
+    if let Ok(ip) = node.parse() {
+        return Some(ip);
+    }
+    let (host, port) = node.rsplit_once(':')?;
+    port.parse::<u16>().ok()?;
+    host.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
+}
+
+/// An address block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cidr {
+    addr: IpAddr,
+    bits: u8,
+}
+
+impl Cidr {
+    fn parse(text: &str) -> Result<Cidr, String> {
+        let bad = || format!("{text:?} is not an IP address or CIDR block (like \"10.0.0.0/8\")");
+        let (addr, bits) = match text.trim().split_once('/') {
+            Some((addr, bits)) => (addr, Some(bits.parse::<u8>().map_err(|_| bad())?)),
+            None => (text.trim(), None),
+        };
+        let addr = canonical(addr.parse::<IpAddr>().map_err(|_| bad())?);
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let bits = bits.unwrap_or(max);
+        if bits > max {
+            return Err(bad());
+        }
+        Ok(Cidr { addr, bits })
+    }
+
+    fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.bits)).unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.bits))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// One rule's state, for the rate-limit headers.
+#[derive(Clone, Copy, Debug)]
+pub struct Report {
+    name: &'static str,
+    limit: u64,
+    period: Duration,
+    remaining: u64,
+    reset_after: Duration,
+}
+
+impl Report {
+    /// From a rule and its decision.
+    pub fn new(name: &'static str, rule: &Rule, decision: &Decision) -> Report {
+        Report {
+            name,
+            limit: decision.limit,
+            period: rule.period(),
+            remaining: decision.remaining,
+            reset_after: decision.reset_after,
+        }
+    }
+
+    fn from_refusal(limited: &RateLimited) -> Report {
+        Report {
+            name: limited.policy,
+            limit: limited.limit,
+            period: limited.period,
+            remaining: limited.remaining,
+            reset_after: limited.reset_after,
+        }
+    }
+}
+
+fn secs_up(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// A Structured Field string: `"` and `\` escaped, anything but printable
+/// ASCII replaced.
+fn sf_string(out: &mut String, text: &str) {
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+}
+
+/// The header fields for these rules' reports.
+pub(crate) fn rate_limit_headers(
+    style: HeaderStyle,
+    reports: &[Report],
+) -> Vec<(HeaderName, HeaderValue)> {
+    let mut headers = Vec::new();
+    if reports.is_empty() {
+        return headers;
+    }
+    if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
+        let (mut policy, mut state) = (String::new(), String::new());
+        for (i, report) in reports.iter().enumerate() {
+            if i > 0 {
+                policy.push_str(", ");
+                state.push_str(", ");
+            }
+            sf_string(&mut policy, report.name);
+            let _ = write!(
+                policy,
+                ";q={};w={}",
+                report.limit,
+                secs_up(report.period).max(1)
+            );
+            sf_string(&mut state, report.name);
+            let _ = write!(
+                state,
+                ";r={};t={}",
+                report.remaining,
+                secs_up(report.reset_after)
+            );
+        }
+        for (name, value) in [("ratelimit-policy", policy), ("ratelimit", state)] {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.push((HeaderName::from_static(name), value));
+            }
+        }
+    }
+    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
+        // One set of numbers: the rule closest to refusing.
+        let tightest = reports
+            .iter()
+            .min_by_key(|r| (r.remaining, std::cmp::Reverse(r.reset_after)))
+            .expect("not empty");
+        headers.push((
+            HeaderName::from_static("x-ratelimit-limit"),
+            tightest.limit.into(),
+        ));
+        headers.push((
+            HeaderName::from_static("x-ratelimit-remaining"),
+            tightest.remaining.into(),
+        ));
+        headers.push((
+            HeaderName::from_static("x-ratelimit-reset"),
+            secs_up(tightest.reset_after).into(),
+        ));
+    }
+    headers
+}
+
+/// The response for a refusal: status by cause, `Retry-After`, rate-limit
+/// headers, plain text or JSON.
+fn refusal(limited: &RateLimited, reports: &[Report], options: &HttpOptions) -> HttpResponse {
+    let status = limited.status_code();
+    let mut response = HttpResponse::build(status);
+    if limited.cause != Cause::UnknownClient {
+        response.insert_header((RETRY_AFTER, HeaderValue::from(limited.retry_after_secs())));
+    }
+    for header in rate_limit_headers(options.headers, reports) {
+        response.append_header(header);
+    }
+    let retry = limited.retry_after_secs();
+    let (code, text) = match limited.cause {
+        Cause::OverLimit => (
+            "too_many_requests",
+            format!("Too Many Requests: try again in {retry} s\n"),
+        ),
+        Cause::BackendUnavailable => (
+            "rate_limiter_unavailable",
+            "Service Unavailable: the rate limiter cannot decide; try again later\n".to_owned(),
+        ),
+        Cause::UnknownClient => (
+            "unknown_client",
+            "Bad Request: cannot tell who the client is\n".to_owned(),
+        ),
+    };
+    if options.json {
+        response.insert_header((CONTENT_TYPE, HeaderValue::from_static("application/json")));
+        response.body(format!(
+            "{{\"error\":\"{code}\",\"retry_after\":{retry},\"limit\":{},\"remaining\":{}}}",
+            limited.limit, limited.remaining
+        ))
+    } else {
+        response.insert_header((
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        ));
+        response.body(text)
+    }
+}
+
+/// `429 Too Many Requests` (`503` for a backend failure under `deny`, `400`
+/// for an unknown client) with `Retry-After`, the draft rate-limit headers and
+/// a plain text body. So `actix_web::Error: From<RateLimited>`, and a handler
+/// returning `Result<_, actix_web::Error>` answers this when limited.
+impl ResponseError for RateLimited {
+    fn status_code(&self) -> StatusCode {
+        match self.cause {
+            Cause::OverLimit => StatusCode::TOO_MANY_REQUESTS,
+            Cause::BackendUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Cause::UnknownClient => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let report = (self.cause == Cause::OverLimit).then(|| Report::from_refusal(self));
+        refusal(self, report.as_slice(), &HttpOptions::default())
+    }
+}
+
+/// A `RateLimited` returned from a handler is its refusal response.
 impl Responder for RateLimited {
     type Body = BoxBody;
 
@@ -52,41 +477,466 @@ impl Responder for RateLimited {
     }
 }
 
-/// The key of `by = ip`: `base` then `:ip:` and the TCP peer's address
-/// (`unknown` when the connection has none, such as a Unix socket).
-pub fn key_with_ip(base: &str, req: &HttpRequest) -> String {
-    let mut key = String::with_capacity(base.len() + 44);
-    key.push_str(base);
-    key.push_str(":ip:");
-    match req.peer_addr() {
-        Some(addr) => {
-            let _ = write!(key, "{}", addr.ip());
-        }
-        None => key.push_str("unknown"),
-    }
-    key
+/// The limiter for this request: the app's (`app_data`) if it has one, else
+/// the global one.
+pub(crate) fn limiter_for(req: &HttpRequest) -> &RateLimiter {
+    req.app_data::<RateLimiter>()
+        .or_else(|| {
+            req.app_data::<web::Data<RateLimiter>>()
+                .map(|data| &***data)
+        })
+        .unwrap_or_else(|| RateLimiter::global())
 }
 
-/// The key of `by = header("name")`: `base`, `:header:name:` and the
-/// header's value (empty when the request has none: such requests share one
-/// budget). Bytes that are not UTF-8 are replaced.
-pub fn key_with_header(base: &str, req: &HttpRequest, name: &str) -> String {
+/// The key's subject for `by = ip`, under the limiter's options; `Err` when
+/// the client cannot be told and such requests are refused.
+pub(crate) fn ip_subject(limiter: &RateLimiter, req: &HttpRequest) -> Result<String, ()> {
+    let options = limiter.http_options();
+    match options.client_subject(req) {
+        Some(subject) => Ok(subject),
+        None if options.unknown_client == UnknownClient::Shared => Ok(":ip:unknown".to_owned()),
+        None => Err(()),
+    }
+}
+
+/// The key's subject for `by = header("name")`: `:header:name:value` (empty
+/// value when the request has none: such requests share one budget).
+pub(crate) fn header_subject(req: &HttpRequest, name: &str) -> String {
     let value = req
         .headers()
         .get(name)
         .map(|v| String::from_utf8_lossy(v.as_bytes()))
         .unwrap_or_default();
-    let mut key = String::with_capacity(base.len() + name.len() + value.len() + 9);
-    key.push_str(base);
-    key.push_str(":header:");
-    key.push_str(name);
-    key.push(':');
-    key.push_str(&value);
-    key
+    let mut subject = String::with_capacity(name.len() + value.len() + 9);
+    subject.push_str(":header:");
+    subject.push_str(name);
+    subject.push(':');
+    subject.push_str(&value);
+    subject
 }
 
-/// Turns any responder into a response (the rejection side of a handler
-/// that returns `impl Responder`).
+/// Turns any responder into a response.
 pub fn respond<R: Responder>(value: R, req: &HttpRequest) -> HttpResponse {
     value.respond_to(req).map_into_boxed_body()
+}
+
+/// A refusal from `#[rate_limit]` on a handler, with every rule's headers.
+pub fn refused(limited: RateLimited, seen: &[Option<Report>], req: &HttpRequest) -> HttpResponse {
+    let options = limiter_for(req).http_options();
+    let mut reports: Vec<Report> = seen.iter().flatten().copied().collect();
+    if limited.cause == Cause::OverLimit {
+        reports.push(Report::from_refusal(&limited));
+    }
+    refusal(&limited, &reports, options)
+}
+
+/// The headers for the rules a handler's call passed.
+pub fn headers_for(seen: &[Option<Report>], req: &HttpRequest) -> Vec<(HeaderName, HeaderValue)> {
+    let reports: Vec<Report> = seen.iter().flatten().copied().collect();
+    rate_limit_headers(limiter_for(req).http_options().headers, &reports)
+}
+
+/// A fallback's response to a refusal, with every rule's headers (the
+/// refusing one's included).
+pub fn demoted<R: Responder>(
+    value: R,
+    limited: &RateLimited,
+    seen: &[Option<Report>],
+    req: &HttpRequest,
+) -> HttpResponse {
+    let mut reports: Vec<Report> = seen.iter().flatten().copied().collect();
+    reports.push(Report::from_refusal(limited));
+    let headers = rate_limit_headers(limiter_for(req).http_options().headers, &reports);
+    with_headers(value, headers, req)
+}
+
+/// A handler's own response (its body's, or its fallback's) with the
+/// rate-limit headers added.
+pub fn with_headers<R: Responder>(
+    value: R,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    req: &HttpRequest,
+) -> HttpResponse {
+    let mut response = respond(value, req);
+    for (name, value) in headers {
+        response.headers_mut().append(name, value);
+    }
+    response
+}
+
+/// The rule of a [`RateLimit`] middleware.
+#[derive(Clone)]
+enum By {
+    Global,
+    Ip,
+    Header(HeaderName),
+    Key(Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + Sync>),
+}
+
+/// Rate limiting for a whole app, scope or resource, with the same rules and
+/// limiter as `#[rate_limit]`.
+///
+/// ```
+/// use std::time::Duration;
+/// use actix_web::{App, web};
+/// use ratelimit_runtime::{RateLimit, Rule};
+///
+/// const API: Rule = Rule::gcra(100, Duration::from_secs(60));
+/// let app = App::new()
+///     .wrap(RateLimit::new(API).key("api").by_ip().exempt_path("/health"))
+///     .route("/health", web::get().to(|| async { "ok" }));
+/// ```
+#[derive(Clone)]
+pub struct RateLimit {
+    inner: Rc<Middleware>,
+}
+
+#[derive(Clone)]
+struct Middleware {
+    rule: Rule,
+    name: &'static str,
+    key: String,
+    by: By,
+    cost: u64,
+    on_error: Option<OnError>,
+    exempt_paths: Vec<String>,
+    exempt_keys: Vec<String>,
+}
+
+impl std::fmt::Debug for RateLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("rule", &self.inner.rule)
+            .field("key", &self.inner.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimit {
+    /// One budget for all requests under `rule`, under the key `limiter:http`
+    /// (set another with [`key`](RateLimit::key)).
+    pub fn new(rule: Rule) -> RateLimit {
+        RateLimit {
+            inner: Rc::new(Middleware {
+                rule,
+                name: "http",
+                key: "limiter:http".to_owned(),
+                by: By::Global,
+                cost: 1,
+                on_error: None,
+                exempt_paths: Vec::new(),
+                exempt_keys: Vec::new(),
+            }),
+        }
+    }
+
+    fn with(mut self, change: impl FnOnce(&mut Middleware)) -> RateLimit {
+        change(Rc::make_mut(&mut self.inner));
+        self
+    }
+
+    /// The rule's name: the key is `limiter:<name>` plus the subject, and the
+    /// rate-limit headers name the policy so.
+    pub fn key(self, name: &'static str) -> RateLimit {
+        self.with(|m| {
+            m.name = name;
+            m.key = format!("limiter:{name}");
+        })
+    }
+
+    /// A budget per client address (see [`HttpOptions`] for proxies and IPv6).
+    pub fn by_ip(self) -> RateLimit {
+        self.with(|m| m.by = By::Ip)
+    }
+
+    /// A budget per value of a request header (requests without it share one).
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid header name (a programming error, caught at
+    /// start-up).
+    pub fn by_header(self, name: &str) -> RateLimit {
+        let name = HeaderName::try_from(name).expect("a valid header name");
+        self.with(|m| m.by = By::Header(name))
+    }
+
+    /// A budget per key your closure computes; `None` lets the request through
+    /// unlimited.
+    pub fn by_key(
+        self,
+        key: impl Fn(&ServiceRequest) -> Option<String> + Send + Sync + 'static,
+    ) -> RateLimit {
+        self.with(|m| m.by = By::Key(Arc::new(key)))
+    }
+
+    /// Units one request takes (default 1).
+    pub fn cost(self, cost: u64) -> RateLimit {
+        self.with(|m| m.cost = cost)
+    }
+
+    /// What to do when the backend fails (default: the limiter's setting).
+    pub fn on_error(self, on_error: OnError) -> RateLimit {
+        self.with(|m| m.on_error = Some(on_error))
+    }
+
+    /// Requests whose path starts with `prefix` are not limited.
+    pub fn exempt_path(self, prefix: impl Into<String>) -> RateLimit {
+        let prefix = prefix.into();
+        self.with(|m| m.exempt_paths.push(prefix))
+    }
+
+    /// Requests whose subject (client address, header value or closure key)
+    /// is `subject` are not limited: an allow-list.
+    pub fn exempt_key(self, subject: impl Into<String>) -> RateLimit {
+        let subject = subject.into();
+        self.with(|m| m.exempt_keys.push(subject))
+    }
+}
+
+impl<S, B> Transform<S, ServiceRequest> for RateLimit
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
+    B: 'static,
+{
+    type Response = ServiceResponse<EitherBody<B>>;
+    type Error = actix_web::Error;
+    type Transform = RateLimitService<S>;
+    type InitError = ();
+    type Future = Ready<Result<Self::Transform, Self::InitError>>;
+
+    fn new_transform(&self, service: S) -> Self::Future {
+        ready(Ok(RateLimitService {
+            service: Rc::new(service),
+            config: Rc::clone(&self.inner),
+        }))
+    }
+}
+
+/// The service [`RateLimit`] wraps around an app, scope or resource.
+pub struct RateLimitService<S> {
+    service: Rc<S>,
+    config: Rc<Middleware>,
+}
+
+impl<S> std::fmt::Debug for RateLimitService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitService").finish_non_exhaustive()
+    }
+}
+
+impl<S, B> Service<ServiceRequest> for RateLimitService<S>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
+    B: 'static,
+{
+    type Response = ServiceResponse<EitherBody<B>>;
+    type Error = actix_web::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>>>>;
+
+    forward_ready!(service);
+
+    fn call(&self, req: ServiceRequest) -> Self::Future {
+        let service = Rc::clone(&self.service);
+        let config = Rc::clone(&self.config);
+        Box::pin(async move {
+            let pass = |req: ServiceRequest| {
+                let service = Rc::clone(&service);
+                async move { Ok(service.call(req).await?.map_into_left_body()) }
+            };
+            if config
+                .exempt_paths
+                .iter()
+                .any(|p| req.path().starts_with(p.as_str()))
+            {
+                return pass(req).await;
+            }
+            let limiter = limiter_for(req.request()).clone();
+            let subject = match &config.by {
+                By::Global => Some(String::new()),
+                By::Ip => match ip_subject(&limiter, req.request()) {
+                    Ok(subject) => Some(subject),
+                    Err(()) => {
+                        let refusal = RateLimited::unknown_client(config.rule.count());
+                        let response = refused(refusal, &[], req.request());
+                        return Ok(req.into_response(response).map_into_right_body());
+                    }
+                },
+                By::Header(name) => Some(header_subject(req.request(), name.as_str())),
+                By::Key(key) => key(&req).map(|k| format!(":key:{k}")),
+            };
+            let Some(subject) = subject else {
+                return pass(req).await;
+            };
+            if config
+                .exempt_keys
+                .iter()
+                .any(|k| subject.rsplit(':').next() == Some(k.as_str()))
+            {
+                return pass(req).await;
+            }
+            let key = format!("{}{subject}", config.key);
+            let on_error = config.on_error.unwrap_or(limiter.on_backend_error());
+            let permit = match limiter
+                .acquire_with(&config.rule, &key, config.cost, on_error)
+                .await
+            {
+                Ok(permit) => permit,
+                Err(Error::Backend(_)) => {
+                    let refusal = RateLimited::backend_unavailable(config.rule.count());
+                    let response = refused(refusal, &[], req.request());
+                    return Ok(req.into_response(response).map_into_right_body());
+                }
+                Err(error) => {
+                    tracing::error!(%error, key, "rate limiter failed; letting the request through");
+                    return pass(req).await;
+                }
+            };
+            let decision = *permit.decision();
+            if !decision.allowed {
+                let refusal = RateLimited::from_decision(&decision)
+                    .with_rule(config.rule.period(), config.name);
+                let response = refused(refusal, &[], req.request());
+                return Ok(req.into_response(response).map_into_right_body());
+            }
+            let report = Report::new(config.name, &config.rule, &decision);
+            let headers = rate_limit_headers(limiter.http_options().headers, &[report]);
+            let mut response = service.call(req).await?;
+            drop(permit);
+            for (name, value) in headers {
+                response.headers_mut().append(name, value);
+            }
+            Ok(response.map_into_left_body())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use actix_web::http::header::HeaderValue;
+
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::try_from(*name).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    fn ip(text: &str) -> Option<IpAddr> {
+        Some(text.parse().unwrap())
+    }
+
+    #[test]
+    fn forwarding_headers_count_only_from_trusted_proxies() {
+        let open = HttpOptions::new();
+        let spoofed = headers(&[("x-forwarded-for", "9.9.9.9")]);
+        assert_eq!(open.resolve(ip("203.0.113.7"), &spoofed), ip("203.0.113.7"));
+
+        let proxied = HttpOptions::new().trust_proxies(["10.0.0.0/8"]).unwrap();
+        assert_eq!(proxied.resolve(ip("10.0.0.2"), &spoofed), ip("9.9.9.9"));
+        // A client-sent address left of the real one is ignored: the
+        // right-most untrusted hop wins.
+        let chain = headers(&[("x-forwarded-for", "1.1.1.1, 203.0.113.7, 10.0.0.5")]);
+        assert_eq!(proxied.resolve(ip("10.0.0.2"), &chain), ip("203.0.113.7"));
+        // Forwarded (RFC 7239) comes first, with quotes, ports and IPv6.
+        let forwarded = headers(&[
+            (
+                "forwarded",
+                "for=1.1.1.1, for=\"[2001:db8::17]:4711\";proto=https",
+            ),
+            ("x-forwarded-for", "5.5.5.5"),
+        ]);
+        assert_eq!(
+            proxied.resolve(ip("10.0.0.2"), &forwarded),
+            ip("2001:db8::17")
+        );
+        assert_eq!(
+            proxied.resolve(ip("10.0.0.2"), &headers(&[("x-real-ip", "198.51.100.4")])),
+            ip("198.51.100.4")
+        );
+        // A hop that is not an address: the client cannot be told.
+        let unknown = headers(&[("forwarded", "for=unknown")]);
+        assert_eq!(proxied.resolve(ip("10.0.0.2"), &unknown), None);
+        assert_eq!(proxied.resolve(None, &spoofed), None);
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_ipv4() {
+        let options = HttpOptions::new().trust_proxies(["127.0.0.1"]).unwrap();
+        assert_eq!(
+            options.resolve(ip("::ffff:203.0.113.9"), &HeaderMap::new()),
+            ip("203.0.113.9")
+        );
+        assert_eq!(
+            options.resolve(
+                ip("::ffff:127.0.0.1"),
+                &headers(&[("x-real-ip", "1.2.3.4")])
+            ),
+            ip("1.2.3.4")
+        );
+    }
+
+    #[test]
+    fn cidr_blocks() {
+        let block = Cidr::parse("192.168.0.0/16").unwrap();
+        assert!(block.contains("192.168.44.1".parse().unwrap()));
+        assert!(!block.contains("192.169.0.1".parse().unwrap()));
+        assert!(
+            Cidr::parse("fd00::/8")
+                .unwrap()
+                .contains("fdab::1".parse().unwrap())
+        );
+        assert!(
+            Cidr::parse("0.0.0.0/0")
+                .unwrap()
+                .contains("8.8.8.8".parse().unwrap())
+        );
+        for bad in ["10.0.0.0/33", "ten", "10.0.0.0/x", ""] {
+            assert!(Cidr::parse(bad).is_err(), "{bad}");
+        }
+        assert!(HttpOptions::new().trust_proxies(["nope"]).is_err());
+    }
+
+    #[test]
+    fn draft_headers_are_structured_field_lists() {
+        let reports = [
+            Report {
+                name: "burst",
+                limit: 10,
+                period: Duration::from_millis(1500),
+                remaining: 3,
+                reset_after: Duration::from_millis(200),
+            },
+            Report {
+                name: "say \"hi\"",
+                limit: 1000,
+                period: Duration::from_secs(3600),
+                remaining: 999,
+                reset_after: Duration::from_secs(3599),
+            },
+        ];
+        let rendered: Vec<(String, String)> = rate_limit_headers(HeaderStyle::Both, &reports)
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        assert_eq!(
+            rendered,
+            [
+                (
+                    "ratelimit-policy",
+                    r#""burst";q=10;w=2, "say \"hi\"";q=1000;w=3600"#
+                ),
+                ("ratelimit", r#""burst";r=3;t=1, "say \"hi\"";r=999;t=3599"#),
+                ("x-ratelimit-limit", "10"),
+                ("x-ratelimit-remaining", "3"),
+                ("x-ratelimit-reset", "1"),
+            ]
+            .map(|(n, v)| (n.to_owned(), v.to_owned()))
+        );
+    }
 }

@@ -37,6 +37,9 @@ pub enum Cause {
     /// The backend failed and the rule's failure policy is
     /// [`OnError::Deny`](crate::OnError::Deny): the limiter is broken, not the client.
     BackendUnavailable,
+    /// A per-client rule could not tell who the client is (no usable
+    /// address) and the limiter is set to refuse such requests.
+    UnknownClient,
 }
 
 /// The error of a call that was rate limited: what was exceeded, and when to
@@ -68,6 +71,10 @@ pub struct RateLimited {
     pub reset_after: Duration,
     /// Over the limit, or refused because the limiter's backend failed.
     pub cause: Cause,
+    /// The rule's window (`period`), for rate-limit headers.
+    pub period: Duration,
+    /// The rule's name (its `key` as written), for rate-limit headers.
+    pub policy: &'static str,
 }
 
 impl RateLimited {
@@ -79,6 +86,25 @@ impl RateLimited {
             retry_after: decision.retry_after,
             reset_after: decision.reset_after,
             cause: Cause::OverLimit,
+            period: Duration::ZERO,
+            policy: "default",
+        }
+    }
+
+    /// The same refusal, naming the rule it came from.
+    pub fn with_rule(self, period: Duration, policy: &'static str) -> RateLimited {
+        RateLimited {
+            period,
+            policy,
+            ..self
+        }
+    }
+
+    /// A refusal because a per-client rule could not identify the client.
+    pub fn unknown_client(limit: u64) -> RateLimited {
+        RateLimited {
+            cause: Cause::UnknownClient,
+            ..RateLimited::backend_unavailable(limit)
         }
     }
 
@@ -91,6 +117,8 @@ impl RateLimited {
             retry_after: Duration::from_secs(1),
             reset_after: Duration::from_secs(1),
             cause: Cause::BackendUnavailable,
+            period: Duration::ZERO,
+            policy: "default",
         }
     }
 
@@ -110,8 +138,14 @@ impl RateLimited {
 
 impl fmt::Display for RateLimited {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.is_backend_failure() {
-            return f.write_str("rate limiter unavailable; call refused by the `deny` policy");
+        match self.cause {
+            Cause::BackendUnavailable => {
+                return f.write_str("rate limiter unavailable; call refused by the `deny` policy");
+            }
+            Cause::UnknownClient => {
+                return f.write_str("cannot tell who the client is; call refused");
+            }
+            Cause::OverLimit => {}
         }
         write!(
             f,

@@ -80,6 +80,9 @@ pub use error::{Error, OnError};
 pub use limiter::{Permit, RateLimiter, RateLimiterBuilder};
 pub use rule::{Algorithm, Rule};
 
+#[cfg(feature = "actix")]
+pub use actix::{HeaderStyle, HttpOptions, RateLimit, RateLimitService, UnknownClient};
+
 #[cfg(feature = "macros")]
 #[doc(inline)]
 pub use ratelimit_macros::rate_limit;
@@ -102,6 +105,7 @@ pub mod __private {
     /// One `#[rate_limit]` rule where it is written: a `static` per call site.
     #[derive(Debug)]
     pub struct Site {
+        name: &'static str,
         rule: Rule,
         cost: u64,
         limiter: Option<&'static str>,
@@ -113,6 +117,7 @@ pub mod __private {
     impl Site {
         /// A call site's rule and options.
         pub const fn new(
+            name: &'static str,
             rule: Rule,
             cost: u64,
             limiter: Option<&'static str>,
@@ -120,6 +125,7 @@ pub mod __private {
             shadow: bool,
         ) -> Site {
             Site {
+                name,
                 rule,
                 cost,
                 limiter,
@@ -144,14 +150,24 @@ pub mod __private {
     /// Checks one call: `Ok` with the permit to hold while the call runs,
     /// `Err` with the rejection.
     pub async fn check(site: &'static Site, key: &str) -> Result<Permit, RateLimited> {
+        check_on(site, site.limiter(), key).await
+    }
+
+    async fn check_on(
+        site: &'static Site,
+        limiter: Option<&RateLimiter>,
+        key: &str,
+    ) -> Result<Permit, RateLimited> {
         let rule = &site.rule;
-        let Some(limiter) = site.limiter() else {
+        let Some(limiter) = limiter else {
             return missing_limiter(site, key).await;
         };
         let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
         let refused = match limiter.acquire_with(rule, key, site.cost, on_error).await {
             Ok(permit) if permit.decision().allowed => return Ok(permit),
-            Ok(permit) => RateLimited::from_decision(permit.decision()),
+            Ok(permit) => {
+                RateLimited::from_decision(permit.decision()).with_rule(rule.period(), site.name)
+            }
             Err(Error::Backend(_)) => RateLimited::backend_unavailable(rule.count()),
             // Costs are checked when the code is compiled; anything else is a
             // bug of ours: let the call through rather than fail it.
@@ -190,7 +206,8 @@ pub mod __private {
                     .await
                 {
                     Ok(permit) if !permit.decision().allowed && !site.shadow => {
-                        Err(RateLimited::from_decision(permit.decision()))
+                        Err(RateLimited::from_decision(permit.decision())
+                            .with_rule(site.rule.period(), site.name))
                     }
                     _ => Ok(Permit::allowed_unchecked(&site.rule)),
                 }
@@ -230,8 +247,57 @@ pub mod __private {
     /// actix-web glue.
     #[cfg(feature = "actix")]
     pub mod actix {
-        pub use crate::actix::{key_with_header, key_with_ip, respond};
-        pub use ::actix_web::{Either, HttpRequest, HttpResponse};
+        pub use crate::actix::{Report, demoted, headers_for, refused, respond, with_headers};
+        pub use ::actix_web::{HttpRequest, HttpResponse};
+
+        use super::{Permit, RateLimited, Site, check_on};
+        use crate::actix::{header_subject, ip_subject, limiter_for};
+
+        /// Whose budget, for a handler.
+        #[derive(Clone, Copy, Debug)]
+        pub enum By {
+            /// Everyone's.
+            Global,
+            /// The client address's.
+            Ip,
+            /// The header value's.
+            Header(&'static str),
+        }
+
+        /// Checks one call of a handler: the limiter is the site's named one,
+        /// else the app's, else the global one; `by` is resolved under it.
+        pub async fn check(
+            site: &'static Site,
+            base: &str,
+            by: By,
+            req: &HttpRequest,
+        ) -> Result<Permit, RateLimited> {
+            let limiter = match site.limiter {
+                Some(_) => site.limiter(),
+                None => Some(limiter_for(req)),
+            };
+            let key = match by {
+                By::Global => return check_on(site, limiter, base).await,
+                By::Ip => {
+                    let subject = match limiter.map(|l| ip_subject(l, req)) {
+                        Some(Ok(subject)) => subject,
+                        Some(Err(())) => {
+                            return Err(RateLimited::unknown_client(site.rule.count())
+                                .with_rule(site.rule.period(), site.name));
+                        }
+                        None => ":ip:unknown".to_owned(),
+                    };
+                    [base, &subject].concat()
+                }
+                By::Header(name) => [base, &header_subject(req, name)].concat(),
+            };
+            check_on(site, limiter, &key).await
+        }
+
+        /// What the rate-limit headers say of a rule the call passed.
+        pub fn report(site: &'static Site, permit: &Permit) -> Option<Report> {
+            Some(Report::new(site.name, &site.rule, permit.decision()))
+        }
 
         /// An actix handler returning `HttpResponse` answers 429 (or 503).
         #[diagnostic::do_not_recommend]

@@ -64,6 +64,8 @@ static NAMED: RwLock<Vec<(Box<str>, RateLimiter)>> = RwLock::new(Vec::new());
 pub struct RateLimiter {
     inner: Arc<Store>,
     on_error: OnError,
+    #[cfg(feature = "actix")]
+    http: Arc<crate::actix::HttpOptions>,
 }
 
 #[derive(Debug)]
@@ -101,7 +103,15 @@ impl RateLimiter {
         RateLimiter {
             inner: Arc::new(store),
             on_error: OnError::default(),
+            #[cfg(feature = "actix")]
+            http: Arc::default(),
         }
+    }
+
+    /// How this limiter deals with HTTP requests (feature `actix`).
+    #[cfg(feature = "actix")]
+    pub fn http_options(&self) -> &crate::actix::HttpOptions {
+        &self.http
     }
 
     /// What this limiter does with a call when its backend fails
@@ -445,6 +455,8 @@ impl Drop for Lease {
 pub struct RateLimiterBuilder {
     backend: BackendChoice,
     on_error: OnError,
+    #[cfg(feature = "actix")]
+    http: crate::actix::HttpOptions,
     clock: Option<Box<dyn Clock>>,
     #[cfg(feature = "redis")]
     timeout: Option<Duration>,
@@ -482,6 +494,14 @@ impl RateLimiterBuilder {
     /// [`OnError::Deny`] refuses them. A rule's `on_error` overrides it.
     pub fn on_backend_error(mut self, on_error: OnError) -> Self {
         self.on_error = on_error;
+        self
+    }
+
+    /// How to tell clients apart behind proxies, and what limited HTTP
+    /// responses carry (feature `actix`).
+    #[cfg(feature = "actix")]
+    pub fn http(mut self, options: crate::actix::HttpOptions) -> Self {
+        self.http = options;
         self
     }
 
@@ -541,6 +561,8 @@ impl RateLimiterBuilder {
         };
         Ok(RateLimiter {
             on_error: self.on_error,
+            #[cfg(feature = "actix")]
+            http: Arc::new(self.http),
             ..RateLimiter::from_store(store)
         })
     }
