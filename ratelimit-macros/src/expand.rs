@@ -116,7 +116,12 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         // The expansion answers `HttpResponse` itself, with the rate-limit
         // headers of every rule; the body runs in an async block, so
         // `return` in it still gives the body's value.
-        func.sig.output = syn::parse_quote!(-> #rt::actix::HttpResponse);
+        // An `impl Responder` return type stays as written (so the user's
+        // import stays used); a concrete one becomes `HttpResponse`.
+        if !matches!(&func.sig.output, ReturnType::Type(_, ty) if matches!(**ty, syn::Type::ImplTrait(_)))
+        {
+            func.sig.output = syn::parse_quote!(-> #rt::actix::HttpResponse);
+        }
         quote!({
             let __ratelimit_reply_req = ::core::clone::Clone::clone(&#req);
             let mut __ratelimit_seen: [#rt::Option<#rt::actix::Report>; #n] = [#rt::Option::None; #n];

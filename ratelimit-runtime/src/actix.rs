@@ -564,13 +564,16 @@ pub fn with_headers<R: Responder>(
     response
 }
 
-/// The rule of a [`RateLimit`] middleware.
+/// A closure that names a request's budget.
+type KeyFn = Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + Sync>;
+
+/// Whose budget a [`RateLimit`] middleware charges.
 #[derive(Clone)]
 enum By {
     Global,
     Ip,
     Header(HeaderName),
-    Key(Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + Sync>),
+    Key(KeyFn),
 }
 
 /// Rate limiting for a whole app, scope or resource, with the same rules and

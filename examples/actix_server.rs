@@ -1,0 +1,95 @@
+//! The seed article's example server, on actix-web.
+//!
+//! `cargo run --example actix_server`, then, for example:
+//!
+//! ```text
+//! for i in 1 2 3 4; do curl -si http://127.0.0.1:8080/limitTest3 | head -1; done
+//! curl -si --interface 127.0.0.2 http://127.0.0.1:8080/limitTest3 | head -1
+//! ```
+//!
+//! - `BIND` (default `127.0.0.1:8080`): where to listen.
+//! - `REDIS_URL` (for example `redis://127.0.0.1:6379/`): keep the budgets in
+//!   Redis, shared by every instance; without it, in process memory.
+//! - `TRUSTED_PROXIES` (for example `10.0.0.0/8,127.0.0.1`): proxies whose
+//!   `Forwarded` / `X-Forwarded-For` / `X-Real-IP` headers name the client.
+
+use actix_web::{App, HttpResponse, HttpServer, Responder, get, web};
+use ratelimit_runtime::{HttpOptions, RateLimited, RateLimiter, rate_limit};
+
+/// `limitTest`: 2 requests per second, for everyone.
+#[rate_limit(key = "limitTest", period = 1, count = 2)]
+#[get("/limitTest")]
+async fn limit_test() -> impl Responder {
+    "limitTest: ok\n"
+}
+
+/// `limitTest2`: 3 requests per 10 s, on the custom key `customer_limit_test`.
+#[rate_limit(key = "customer_limit_test", period = 10, count = 3)]
+#[get("/limitTest2")]
+async fn limit_test2() -> impl Responder {
+    "limitTest2: ok\n"
+}
+
+/// `limitTest3`: 3 requests per 10 s per client address.
+#[rate_limit(key = "ip_limit_test", period = 10, count = 3, by = ip)]
+#[get("/limitTest3")]
+async fn limit_test3() -> impl Responder {
+    "limitTest3: ok\n"
+}
+
+/// `limitTest4`: 3 requests per 10 s per client address, and the seed's
+/// demote path: a "try again later" page of our own.
+#[rate_limit(key = "demote_test", period = 10, count = 3, by = ip, fallback = try_again_later)]
+#[get("/limitTest4")]
+async fn limit_test4() -> impl Responder {
+    "limitTest4: ok\n"
+}
+
+async fn try_again_later(limited: RateLimited) -> impl Responder {
+    HttpResponse::TooManyRequests()
+        .insert_header(("retry-after", limited.retry_after_secs().to_string()))
+        .content_type("text/html; charset=utf-8")
+        .body(format!(
+            "<html><body><h1>Too many requests</h1><p>Please try again in {} seconds.</p></body></html>\n",
+            limited.retry_after_secs()
+        ))
+}
+
+#[actix_web::main]
+async fn main() -> std::io::Result<()> {
+    let mut http = HttpOptions::new();
+    if let Ok(proxies) = std::env::var("TRUSTED_PROXIES") {
+        http = http
+            .trust_proxies(proxies.split(',').map(str::trim).filter(|p| !p.is_empty()))
+            .map_err(std::io::Error::other)?;
+    }
+    let mut builder = RateLimiter::builder().http(http);
+    let backend = match std::env::var("REDIS_URL") {
+        Ok(url) => {
+            builder = builder.redis(url.as_str());
+            format!("Redis at {url}")
+        }
+        Err(_) => "process memory (set REDIS_URL to share budgets through Redis)".to_owned(),
+    };
+    let limiter = builder.build().await.map_err(std::io::Error::other)?;
+    let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:8080".into());
+    println!("rate limits kept in {backend}");
+    println!(
+        "listening on http://{bind}: /limitTest (2/s), /limitTest2 (3/10 s), \
+         /limitTest3 (3/10 s per IP), /limitTest4 (3/10 s per IP, fallback page)"
+    );
+    HttpServer::new(move || {
+        App::new()
+            .app_data(limiter.clone())
+            .service(limit_test)
+            .service(limit_test2)
+            .service(limit_test3)
+            .service(limit_test4)
+            .default_service(web::to(|| async {
+                HttpResponse::NotFound().body("not found\n")
+            }))
+    })
+    .bind(bind)?
+    .run()
+    .await
+}

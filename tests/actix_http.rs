@@ -1,0 +1,405 @@
+//! actix-web end to end, over real TCP: client identity (trusted proxies,
+//! spoofing), responses (429/503/400, Retry-After, the draft's structured
+//! rate-limit fields, X-RateLimit-*, JSON), the limiter from app data (two
+//! servers sharing one redis-server), and the `RateLimit` middleware.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use actix_web::{App, HttpResponse, HttpServer, Responder, get, web};
+use ratelimit_runtime::{
+    HeaderStyle, HttpOptions, OnError, RateLimit, RateLimiter, Rule, UnknownClient, rate_limit,
+};
+use ratelimit_workspace::{HttpReply, RedisServer, http};
+
+const ONE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+const TWO: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+
+#[rate_limit(key = "limitTest3", period = 10, count = 3, by = ip)]
+#[get("/limitTest3")]
+async fn limit_test3() -> impl Responder {
+    "3"
+}
+
+#[rate_limit(key = "limitTest", period = 1, count = 2)]
+#[get("/limitTest")]
+async fn limit_test() -> impl Responder {
+    "1"
+}
+
+/// Starts a server on 127.0.0.1 with `limiter` in its app data.
+fn serve(limiter: RateLimiter) -> SocketAddr {
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(limiter.clone())
+            .service(limit_test3)
+            .service(limit_test)
+    })
+    .workers(1)
+    .bind((Ipv4Addr::LOCALHOST, 0))
+    .expect("binding a loopback port");
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    addr
+}
+
+async fn get_from(
+    from: IpAddr,
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> HttpReply {
+    http(from, addr, "GET", path, headers)
+        .await
+        .expect("an HTTP reply")
+}
+
+/// A structured-field list (RFC 8941) parsed: each item's string value and
+/// its integer parameters.
+fn sf_list(value: &str) -> Vec<(String, BTreeMap<String, i64>)> {
+    let list: sfv::List = sfv::Parser::new(value)
+        .parse()
+        .expect("a structured field list");
+    list.into_iter()
+        .map(|entry| match entry {
+            sfv::ListEntry::Item(item) => {
+                let name = item
+                    .bare_item
+                    .as_string()
+                    .expect("a string")
+                    .as_str()
+                    .to_owned();
+                let params = item
+                    .params
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            k.as_str().to_owned(),
+                            v.as_integer().expect("an integer").into(),
+                        )
+                    })
+                    .collect();
+                (name, params)
+            }
+            sfv::ListEntry::InnerList(_) => panic!("no inner lists expected"),
+        })
+        .collect()
+}
+
+fn params(pairs: &[(&str, i64)]) -> BTreeMap<String, i64> {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+#[actix_web::test]
+async fn two_servers_on_one_redis_share_a_budget_per_client_address() {
+    let redis = RedisServer::start();
+    let limiter = || async {
+        RateLimiter::builder()
+            .redis(redis.url())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .unwrap()
+    };
+    let (a, b) = (serve(limiter().await), serve(limiter().await));
+    let mut passed = 0;
+    for server in [a, b, a, b, a, b] {
+        match get_from(ONE, server, "/limitTest3", &[]).await.status {
+            200 => passed += 1,
+            429 => {}
+            other => panic!("status {other}"),
+        }
+    }
+    assert_eq!(passed, 3, "3 passes in total across both servers");
+    // Another client address has its own budget, on either server.
+    assert_eq!(get_from(TWO, b, "/limitTest3", &[]).await.status, 200);
+    redis.assert_all_keys_expire("limiter:*");
+    assert!(
+        redis
+            .keys_with_pttl("limiter:limitTest3:ip:127.0.0.1")
+            .len()
+            == 1,
+        "{:?}",
+        redis.keys_with_pttl("*")
+    );
+}
+
+#[actix_web::test]
+async fn every_limited_response_carries_the_draft_fields() {
+    let addr = serve(RateLimiter::in_memory());
+    let first = get_from(ONE, addr, "/limitTest3", &[]).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(
+        sf_list(first.header("ratelimit-policy").unwrap()),
+        [("limitTest3".to_owned(), params(&[("q", 3), ("w", 10)]))]
+    );
+    assert_eq!(
+        sf_list(first.header("ratelimit").unwrap()),
+        [("limitTest3".to_owned(), params(&[("r", 2), ("t", 10)]))]
+    );
+    assert!(first.header("retry-after").is_none());
+    for _ in 0..2 {
+        get_from(ONE, addr, "/limitTest3", &[]).await;
+    }
+    let refused = get_from(ONE, addr, "/limitTest3", &[]).await;
+    assert_eq!(refused.status, 429);
+    let retry: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=10).contains(&retry));
+    let state = sf_list(refused.header("ratelimit").unwrap());
+    assert_eq!(state[0].1["r"], 0);
+    assert!((1..=10).contains(&state[0].1["t"]));
+    assert!(refused.body.starts_with("Too Many Requests"), "{refused:?}");
+}
+
+#[actix_web::test]
+async fn a_spoofed_forwarding_header_gets_no_new_budget() {
+    let addr = serve(RateLimiter::in_memory());
+    for n in 0..5 {
+        // A client inventing a new address for every request.
+        let spoof = format!("198.51.100.{n}");
+        let headers = [
+            ("x-forwarded-for", spoof.as_str()),
+            ("x-real-ip", spoof.as_str()),
+            ("forwarded", "for=203.0.113.9"),
+        ];
+        let reply = get_from(ONE, addr, "/limitTest3", &headers).await;
+        assert_eq!(reply.status, if n < 3 { 200 } else { 429 }, "request {n}");
+    }
+}
+
+#[actix_web::test]
+async fn behind_a_trusted_proxy_the_forwarded_client_counts() {
+    let limiter = RateLimiter::builder()
+        .http(HttpOptions::new().trust_proxies(["127.0.0.1"]).unwrap())
+        .build()
+        .await
+        .unwrap();
+    let addr = serve(limiter);
+    let via_proxy = |client: &'static str| async move {
+        get_from(ONE, addr, "/limitTest3", &[("x-forwarded-for", client)])
+            .await
+            .status
+    };
+    for _ in 0..3 {
+        assert_eq!(via_proxy("198.51.100.7").await, 200);
+    }
+    assert_eq!(via_proxy("198.51.100.7").await, 429);
+    assert_eq!(
+        via_proxy("198.51.100.8").await,
+        200,
+        "another client behind the proxy"
+    );
+    // The client prepends a fake hop: the right-most untrusted one still wins.
+    assert_eq!(via_proxy("9.9.9.9, 198.51.100.7").await, 429);
+    // A peer that is not a trusted proxy cannot use the header at all.
+    for _ in 0..3 {
+        assert_eq!(
+            get_from(
+                TWO,
+                addr,
+                "/limitTest3",
+                &[("x-forwarded-for", "198.51.100.9")]
+            )
+            .await
+            .status,
+            200
+        );
+    }
+    assert_eq!(
+        get_from(
+            TWO,
+            addr,
+            "/limitTest3",
+            &[("x-forwarded-for", "198.51.100.10")]
+        )
+        .await
+        .status,
+        429
+    );
+}
+
+#[actix_web::test]
+async fn legacy_headers_and_json_bodies_on_request() {
+    let limiter = RateLimiter::builder()
+        .http(
+            HttpOptions::new()
+                .headers(HeaderStyle::Legacy)
+                .json_body(true),
+        )
+        .build()
+        .await
+        .unwrap();
+    let addr = serve(limiter);
+    let first = get_from(ONE, addr, "/limitTest", &[]).await;
+    assert_eq!(first.header("x-ratelimit-limit"), Some("2"));
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("1"));
+    assert_eq!(first.header("x-ratelimit-reset"), Some("1"));
+    assert!(first.header("ratelimit").is_none());
+    get_from(ONE, addr, "/limitTest", &[]).await;
+    let refused = get_from(ONE, addr, "/limitTest", &[]).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("content-type"), Some("application/json"));
+    assert!(
+        refused
+            .body
+            .starts_with(r#"{"error":"too_many_requests","retry_after":1,"#),
+        "{}",
+        refused.body
+    );
+}
+
+#[actix_web::test]
+async fn a_broken_limiter_under_deny_answers_503() {
+    let mut redis = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .redis(redis.url())
+        .timeout(Duration::from_millis(200))
+        .on_backend_error(OnError::Deny)
+        .build()
+        .await
+        .unwrap();
+    let addr = serve(limiter);
+    assert_eq!(get_from(ONE, addr, "/limitTest", &[]).await.status, 200);
+    redis.kill();
+    let reply = get_from(ONE, addr, "/limitTest", &[]).await;
+    assert_eq!(
+        reply.status, 503,
+        "limiter broken is not too many requests: {reply:?}"
+    );
+    assert!(reply.header("retry-after").is_some());
+}
+
+#[actix_web::test]
+async fn a_request_without_a_client_address_is_refused_unless_shared() {
+    use actix_web::test;
+
+    let app = test::init_service(
+        App::new()
+            .app_data(RateLimiter::in_memory())
+            .service(limit_test3),
+    )
+    .await;
+    // A test request has no peer address.
+    let reply = test::call_service(
+        &app,
+        test::TestRequest::get().uri("/limitTest3").to_request(),
+    )
+    .await;
+    assert_eq!(reply.status(), 400);
+
+    let shared = RateLimiter::builder()
+        .http(HttpOptions::new().unknown_client(UnknownClient::Shared))
+        .build()
+        .await
+        .unwrap();
+    let app = test::init_service(App::new().app_data(shared).service(limit_test3)).await;
+    for expected in [200, 200, 200, 429] {
+        let reply = test::call_service(
+            &app,
+            test::TestRequest::get().uri("/limitTest3").to_request(),
+        )
+        .await;
+        assert_eq!(reply.status(), expected);
+    }
+}
+
+const API: Rule = Rule::fixed_window(2, Duration::from_secs(10));
+
+fn serve_with_middleware() -> SocketAddr {
+    let server =
+        HttpServer::new(|| {
+            App::new()
+                .app_data(RateLimiter::in_memory())
+                .service(
+                    web::scope("/ip")
+                        .wrap(
+                            RateLimit::new(API)
+                                .key("mw-ip")
+                                .by_ip()
+                                .exempt_path("/ip/health"),
+                        )
+                        .route("/health", web::get().to(|| async { "healthy" }))
+                        .route("/work", web::get().to(|| async { "work" })),
+                )
+                .service(
+                    web::scope("/key")
+                        .wrap(
+                            RateLimit::new(API)
+                                .key("mw-key")
+                                .by_header("x-api-key")
+                                .exempt_key("admin"),
+                        )
+                        .route(
+                            "",
+                            web::get().to(|| async { HttpResponse::Ok().body("key") }),
+                        ),
+                )
+                .service(
+                    web::scope("/custom")
+                        .wrap(RateLimit::new(API).key("mw-custom").by_key(|req| {
+                            req.query_string().strip_prefix("user=").map(str::to_owned)
+                        }))
+                        .route("", web::get().to(|| async { "custom" })),
+                )
+        })
+        .workers(1)
+        .bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap();
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    addr
+}
+
+#[actix_web::test]
+async fn middleware_limits_scopes_by_ip_header_or_closure_with_allow_lists() {
+    let addr = serve_with_middleware();
+    let statuses = |path: &'static str,
+                    from: IpAddr,
+                    headers: &'static [(&'static str, &'static str)],
+                    n: usize| async move {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(get_from(from, addr, path, headers).await.status);
+        }
+        out
+    };
+    assert_eq!(statuses("/ip/work", ONE, &[], 3).await, [200, 200, 429]);
+    assert_eq!(statuses("/ip/work", TWO, &[], 1).await, [200]);
+    assert_eq!(
+        statuses("/ip/health", ONE, &[], 4).await,
+        [200; 4],
+        "exempt path"
+    );
+    let first = get_from(TWO, addr, "/ip/work", &[]).await;
+    assert_eq!(
+        sf_list(first.header("ratelimit-policy").unwrap()),
+        [("mw-ip".to_owned(), params(&[("q", 2), ("w", 10)]))]
+    );
+    let refused = get_from(ONE, addr, "/ip/work", &[]).await;
+    assert!(refused.header("retry-after").is_some() && refused.header("ratelimit").is_some());
+
+    assert_eq!(
+        statuses("/key", ONE, &[("x-api-key", "k1")], 3).await,
+        [200, 200, 429]
+    );
+    assert_eq!(
+        statuses("/key", ONE, &[("x-api-key", "k2")], 1).await,
+        [200]
+    );
+    assert_eq!(
+        statuses("/key", ONE, &[("x-api-key", "admin")], 4).await,
+        [200; 4],
+        "allow-listed key"
+    );
+
+    assert_eq!(
+        statuses("/custom?user=ann", ONE, &[], 3).await,
+        [200, 200, 429]
+    );
+    assert_eq!(
+        statuses("/custom", ONE, &[], 4).await,
+        [200; 4],
+        "no key: not limited"
+    );
+}
