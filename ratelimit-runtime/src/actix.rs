@@ -885,6 +885,43 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_clients_are_grouped_by_prefix() {
+        let req = |peer: &str| {
+            actix_web::test::TestRequest::default()
+                .peer_addr(peer.parse().unwrap())
+                .to_http_request()
+        };
+        let by_64 = HttpOptions::new();
+        let a = by_64
+            .client_subject(&req("[2001:db8:1:2:aaaa::1]:443"))
+            .unwrap();
+        let b = by_64
+            .client_subject(&req("[2001:db8:1:2:bbbb::9]:443"))
+            .unwrap();
+        let c = by_64.client_subject(&req("[2001:db8:1:3::1]:443")).unwrap();
+        assert_eq!(a, ":ip:2001:db8:1:2::/64");
+        assert_eq!(a, b, "one /64, one budget");
+        assert_ne!(a, c);
+        let alone = HttpOptions::new().ipv6_prefix(128);
+        assert_ne!(
+            alone.client_subject(&req("[2001:db8:1:2:aaaa::1]:443")),
+            alone.client_subject(&req("[2001:db8:1:2:bbbb::9]:443"))
+        );
+        assert_eq!(
+            by_64
+                .client_subject(&req("[::ffff:198.51.100.7]:80"))
+                .unwrap(),
+            ":ip:198.51.100.7"
+        );
+        assert_eq!(
+            by_64.client_subject(&req("198.51.100.7:80")).unwrap(),
+            ":ip:198.51.100.7"
+        );
+        let no_peer = actix_web::test::TestRequest::default().to_http_request();
+        assert_eq!(by_64.client_subject(&no_peer), None);
+    }
+
+    #[test]
     fn cidr_blocks() {
         let block = Cidr::parse("192.168.0.0/16").unwrap();
         assert!(block.contains("192.168.44.1".parse().unwrap()));
