@@ -33,9 +33,14 @@ impl RedisServer {
     /// If `redis-server` is not installed (the message says how to install
     /// it), or no server answers within 10 s.
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&[], free_port)
+    }
+
+    /// Starts a server with extra arguments, on a port `pick_port` chooses.
+    fn start_with(extra: &[&str], pick_port: fn() -> u16) -> RedisServer {
         let mut last_error = String::new();
         for _ in 0..5 {
-            match RedisServer::try_start() {
+            match RedisServer::try_start(pick_port(), extra) {
                 Ok(server) => return server,
                 Err(error) => last_error = error,
             }
@@ -43,8 +48,35 @@ impl RedisServer {
         panic!("could not start redis-server: {last_error}");
     }
 
-    fn try_start() -> Result<RedisServer, String> {
-        let port = free_port();
+    /// Starts a server again on the port it had (after [`kill`](Self::kill)).
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match RedisServer::try_start(self.port, &[]) {
+                Ok(server) => {
+                    *self = server;
+                    return;
+                }
+                Err(error) if Instant::now() > deadline => {
+                    panic!("could not restart redis-server: {error}")
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// Stops the process (SIGSTOP): it keeps its connections but answers nothing.
+    pub fn pause(&self) {
+        signal(self.child.id(), "STOP");
+    }
+
+    /// Lets a paused process go on (SIGCONT).
+    pub fn resume(&self) {
+        signal(self.child.id(), "CONT");
+    }
+
+    fn try_start(port: u16, extra: &[&str]) -> Result<RedisServer, String> {
         let dir =
             std::env::temp_dir().join(format!("ratelimit-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
@@ -55,6 +87,7 @@ impl RedisServer {
             .args(["--daemonize", "no", "--loglevel", "warning"])
             .arg("--dir")
             .arg(&dir)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -154,6 +187,15 @@ impl Drop for RedisServer {
     }
 }
 
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill -{name} {pid} failed");
+}
+
 /// A port that was free a moment ago (the OS picks it).
 pub fn free_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
@@ -238,4 +280,223 @@ pub async fn http(
         headers,
         body: body.to_owned(),
     })
+}
+
+/// A Redis Cluster of our own: three masters and three replicas
+/// (`redis-cli --cluster create ... --cluster-replicas 1`), on free loopback
+/// ports, with a 1 s node timeout so failovers are quick. Killed when dropped.
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// The six nodes.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts six nodes, joins them, and waits until every slot is served
+    /// and every master has its replica.
+    ///
+    /// # Panics
+    ///
+    /// If redis-server or redis-cli is missing (the message says how to
+    /// install them), or the cluster does not form within 30 s.
+    pub fn start() -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..6)
+            .map(|_| {
+                RedisServer::start_with(
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-node-timeout",
+                        "1000",
+                        // A replica may take over however recently it synced
+                        // (a fresh test cluster would otherwise refuse).
+                        "--cluster-replica-validity-factor",
+                        "0",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                    ],
+                    free_cluster_port,
+                )
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output();
+        let output = match output {
+            Ok(output) => output,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                panic!("`redis-cli` was not found: {INSTALL_HINT}")
+            }
+            Err(e) => panic!("could not run redis-cli: {e}"),
+        };
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_until_ready(Duration::from_secs(30));
+        cluster
+    }
+
+    /// `redis://127.0.0.1:PORT/` of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// Waits until every node sees `cluster_state:ok` and each of three
+    /// masters has a connected replica.
+    pub fn wait_until_ready(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let ready = self.nodes.iter().filter(|n| !n.child_exited()).all(|node| {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut node.connection())
+                    .unwrap_or_default();
+                info.contains("cluster_state:ok")
+            }) && self.masters().len() == 3
+                && self.nodes.iter().filter(|n| !n.child_exited()).all(|node| {
+                    let info: String = redis::cmd("INFO")
+                        .arg("replication")
+                        .query(&mut node.connection())
+                        .unwrap_or_default();
+                    info.contains("connected_slaves:1") || info.contains("master_link_status:up")
+                });
+            if ready {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not become ready"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn node(&self, port: u16) -> &RedisServer {
+        self.nodes
+            .iter()
+            .find(|n| n.port == port)
+            .expect("a node of this cluster")
+    }
+
+    /// The ports of the masters that are up and serve slots.
+    pub fn masters(&self) -> Vec<u16> {
+        let Some(alive) = self.nodes.iter().find(|n| !n.child_exited()) else {
+            return Vec::new();
+        };
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query(&mut alive.connection())
+            .unwrap_or_default();
+        nodes
+            .lines()
+            .filter(|line| {
+                line.contains("master") && !line.contains("fail") && line.split(' ').count() > 8
+            })
+            .filter_map(|line| {
+                line.split(' ')
+                    .nth(1)?
+                    .split('@')
+                    .next()?
+                    .rsplit(':')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .collect()
+    }
+
+    /// The port of the master that serves `key`.
+    pub fn master_for(&self, key: &str) -> u16 {
+        let alive = self
+            .nodes
+            .iter()
+            .find(|n| !n.child_exited())
+            .expect("a node up");
+        let mut conn = alive.connection();
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut conn)
+            .unwrap();
+        let nodes: String = redis::cmd("CLUSTER").arg("NODES").query(&mut conn).unwrap();
+        for line in nodes
+            .lines()
+            .filter(|l| l.contains("master") && !l.contains("fail"))
+        {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let serves = fields.iter().skip(8).any(|range| {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                matches!((lo.parse::<i64>(), hi.parse::<i64>()), (Ok(lo), Ok(hi)) if (lo..=hi).contains(&slot))
+            });
+            if serves {
+                let address = fields[1].split('@').next().unwrap();
+                return address.rsplit(':').next().unwrap().parse().unwrap();
+            }
+        }
+        panic!("no master serves {key} (slot {slot})");
+    }
+
+    /// How many keys matching `pattern` each master holds.
+    pub fn keys_per_master(&self, pattern: &str) -> Vec<(u16, usize)> {
+        self.masters()
+            .into_iter()
+            .map(|port| {
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg(pattern)
+                    .query(&mut self.node(port).connection())
+                    .unwrap();
+                (port, keys.len())
+            })
+            .collect()
+    }
+
+    /// Every key matching `pattern` on every master, with its `PTTL`.
+    pub fn keys_with_pttl(&self, pattern: &str) -> Vec<(String, i64)> {
+        self.masters()
+            .into_iter()
+            .flat_map(|port| self.node(port).keys_with_pttl(pattern))
+            .collect()
+    }
+
+    /// Kills the node on `port`.
+    pub fn kill(&mut self, port: u16) {
+        if let Some(node) = self.nodes.iter_mut().find(|n| n.port == port) {
+            node.kill();
+        }
+    }
+}
+
+impl RedisServer {
+    fn child_exited(&self) -> bool {
+        // A killed server has been waited for; `try_wait` on it reports so.
+        std::net::TcpStream::connect_timeout(
+            &std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, self.port)),
+            Duration::from_millis(100),
+        )
+        .is_err()
+    }
+}
+
+/// A port whose cluster bus port (+10000) is free too.
+fn free_cluster_port() -> u16 {
+    use std::hash::{BuildHasher, RandomState};
+    let random = RandomState::new();
+    for attempt in 0u32..1000 {
+        let port = 20_000 + (random.hash_one(attempt) % 25_000) as u16;
+        let free = |p: u16| TcpListener::bind((Ipv4Addr::LOCALHOST, p)).is_ok();
+        if free(port) && free(port + 10_000) {
+            return port;
+        }
+    }
+    panic!("no free port pair for a cluster node");
 }

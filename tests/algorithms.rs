@@ -13,134 +13,15 @@
 
 use std::time::Duration;
 
+mod common;
+
+use common::{
+    EPOCH_US, Subject, XorShift, count_pass_then_refused_then_budget_returns, redis_backend,
+    same_decisions,
+};
 use ratelimit_runtime::backend::memory::MemoryBackend;
-use ratelimit_runtime::backend::redis::RedisBackend;
-use ratelimit_runtime::{Algorithm, Backend, Decision, ManualClock, RateLimiter, Rule};
+use ratelimit_runtime::{Algorithm, ManualClock, RateLimiter, Rule};
 use ratelimit_workspace::RedisServer;
-
-/// 2023-11-14 in µs since the Unix epoch: sixteen digits, as Redis' TIME.
-const EPOCH_US: u64 = 1_700_000_000_000_000;
-
-/// A small deterministic generator, so a failure names a reproducible seed.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-async fn redis_backend(server: &RedisServer) -> RedisBackend {
-    RedisBackend::connect_with(
-        &server.url(),
-        Duration::from_secs(5),
-        Duration::from_secs(5),
-    )
-    .await
-    .expect("connecting to the test redis-server")
-}
-
-fn rules(algorithm: Algorithm) -> Vec<Rule> {
-    let shapes = [
-        (1, 1, 1_000),
-        (3, 5, 7),
-        (5, 2, 1_000),
-        (50, 50, 60_000),
-        (7, 3, 333),
-    ];
-    shapes
-        .into_iter()
-        .map(|(count, burst, period_ms)| {
-            let rule = Rule::new(algorithm, count, Duration::from_millis(period_ms));
-            if algorithm.has_burst() {
-                rule.with_burst(burst)
-            } else {
-                rule
-            }
-        })
-        .collect()
-}
-
-/// Runs 300 random calls (3 keys, random costs and time steps) per rule on
-/// both backends and compares every decision.
-async fn same_decisions(algorithm: Algorithm) {
-    let server = RedisServer::start();
-    let redis = redis_backend(&server).await;
-    for (r, rule) in rules(algorithm).into_iter().enumerate() {
-        let clock = ManualClock::new();
-        clock.advance(Duration::from_micros(EPOCH_US));
-        let memory = MemoryBackend::with_clock(clock.clone());
-        let mut now = EPOCH_US;
-        let mut random = XorShift(0x9E37_79B9_7F4A_7C15 ^ r as u64);
-        let period = rule.period().as_micros() as u64;
-        let mut held: Vec<(String, u64, u64)> = Vec::new();
-        let mut last: Option<Decision> = None;
-        for step in 0..400 {
-            let micros = |d: Duration| d.as_micros() as u64;
-            // Random steps, and steps that land exactly on the boundaries the
-            // last decision named (where off-by-one mistakes live).
-            let advance = match (random.below(8), last) {
-                (0, _) => 0,
-                (1, _) => random.below(period / 4 + 1),
-                (2, _) => random.below(period + 2),
-                (3, _) => period,
-                (4, Some(d)) => micros(d.retry_after),
-                (5, Some(d)) => micros(d.reset_after),
-                (6, Some(d)) => micros(d.reset_after).saturating_sub(1),
-                _ => 1,
-            };
-            clock.advance(Duration::from_micros(advance));
-            now += advance;
-            let key = format!("limiter:{}:{r}:{}", algorithm.name(), random.below(3));
-            let cost = 1 + random.below(rule.capacity().min(4));
-            let at = Duration::from_micros(now);
-            let (from_memory, from_redis): (Decision, Decision) =
-                if algorithm == Algorithm::Concurrency {
-                    let lease = step as u64 + 1;
-                    let m = Backend::acquire(&memory, &rule, &key, cost, lease)
-                        .await
-                        .unwrap();
-                    let d = redis
-                        .acquire_at(&rule, &key, cost, lease, at)
-                        .await
-                        .unwrap();
-                    if m.allowed {
-                        held.push((key.clone(), cost, lease));
-                    }
-                    // Now and then a call ends and gives its lease back.
-                    if !held.is_empty() && random.below(3) == 0 {
-                        let (key, cost, lease) =
-                            held.swap_remove(random.below(held.len() as u64) as usize);
-                        Backend::release(&memory, &rule, &key, cost, lease)
-                            .await
-                            .unwrap();
-                        Backend::release(&redis, &rule, &key, cost, lease)
-                            .await
-                            .unwrap();
-                    }
-                    (m, d)
-                } else {
-                    (
-                        memory.check_now(&rule, &key, cost),
-                        redis.check_at(&rule, &key, cost, at).await.unwrap(),
-                    )
-                };
-            assert_eq!(
-                from_redis, from_memory,
-                "{algorithm:?} {rule:?}: step {step}, key {key}, cost {cost}, now {now}"
-            );
-            last = Some(from_memory);
-        }
-    }
-    server.assert_no_key_without_ttl("limiter:*");
-    assert!(!server.keys_with_pttl("limiter:*").is_empty());
-}
 
 macro_rules! equivalence {
     ($($name:ident => $algorithm:expr),* $(,)?) => {
@@ -149,7 +30,10 @@ macro_rules! equivalence {
             $(
                 #[tokio::test]
                 async fn $name() {
-                    same_decisions($algorithm).await;
+                    let server = RedisServer::start();
+                    same_decisions(&redis_backend(&server).await, $algorithm).await;
+                    server.assert_no_key_without_ttl("limiter:*");
+                    assert!(!server.keys_with_pttl("limiter:*").is_empty());
                 }
             )*
         }
@@ -257,91 +141,6 @@ async fn boundary_burst_fixed_window_doubles_sliding_log_does_not() {
     }
 }
 
-/// A limiter on a fresh redis-server, or in memory on a manual clock.
-struct Subject {
-    limiter: RateLimiter,
-    clock: Option<ManualClock>,
-    server: Option<RedisServer>,
-}
-
-impl Subject {
-    fn memory() -> Subject {
-        let clock = ManualClock::new();
-        Subject {
-            limiter: RateLimiter::in_memory_with_clock(clock.clone()),
-            clock: Some(clock),
-            server: None,
-        }
-    }
-
-    async fn redis() -> Subject {
-        let server = RedisServer::start();
-        let limiter = RateLimiter::builder()
-            .redis(server.url())
-            .timeout(Duration::from_secs(2))
-            .build()
-            .await
-            .unwrap();
-        Subject {
-            limiter,
-            clock: None,
-            server: Some(server),
-        }
-    }
-
-    async fn wait(&self, by: Duration) {
-        match &self.clock {
-            Some(clock) => clock.advance(by),
-            None => tokio::time::sleep(by).await,
-        }
-    }
-}
-
-/// Three calls per 600 ms pass, the fourth is refused, the budget returns.
-async fn count_pass_then_refused_then_budget_returns(subject: Subject, algorithm: Algorithm) {
-    let period = Duration::from_millis(600);
-    let rule = Rule::new(algorithm, 3, period);
-    let key = format!("limiter:scenario:{}", algorithm.name());
-    let limiter = &subject.limiter;
-    let mut permits = Vec::new();
-    for expected_remaining in [2, 1, 0] {
-        let permit = limiter.acquire(&rule, &key, 1).await.unwrap();
-        let decision = *permit.decision();
-        assert!(decision.allowed, "{algorithm:?}: {decision:?}");
-        assert_eq!(decision.remaining, expected_remaining, "{algorithm:?}");
-        permits.push(permit);
-    }
-    let refused = *limiter.acquire(&rule, &key, 1).await.unwrap().decision();
-    assert!(!refused.allowed, "{algorithm:?}: {refused:?}");
-    assert!(
-        refused.retry_after > Duration::ZERO && refused.retry_after <= 2 * period,
-        "{algorithm:?}: {refused:?}"
-    );
-    if let Some(server) = &subject.server {
-        server.assert_all_keys_expire("limiter:*");
-    }
-    if algorithm == Algorithm::Concurrency {
-        // A call ends: its lease comes back at once.
-        permits.pop().unwrap().release().await.unwrap();
-    } else {
-        // The two-counter window needs its previous window to fade too.
-        let wait = if algorithm == Algorithm::SlidingWindow {
-            2 * period
-        } else {
-            period
-        };
-        subject.wait(wait + Duration::from_millis(60)).await;
-    }
-    let again = *limiter.acquire(&rule, &key, 1).await.unwrap().decision();
-    assert!(
-        again.allowed,
-        "{algorithm:?}: the budget returns: {again:?}"
-    );
-    if let Some(server) = &subject.server {
-        server.assert_all_keys_expire("limiter:*");
-    }
-}
-
 macro_rules! real_time {
     ($($name:ident => $algorithm:expr),* $(,)?) => {
         mod in_memory {
@@ -349,7 +148,7 @@ macro_rules! real_time {
             $(
                 #[tokio::test]
                 async fn $name() {
-                    count_pass_then_refused_then_budget_returns(Subject::memory(), $algorithm).await;
+                    count_pass_then_refused_then_budget_returns(&Subject::memory(), $algorithm).await;
                 }
             )*
         }
@@ -358,7 +157,9 @@ macro_rules! real_time {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    count_pass_then_refused_then_budget_returns(Subject::redis().await, $algorithm).await;
+                    let subject = Subject::redis().await;
+                    count_pass_then_refused_then_budget_returns(&subject, $algorithm).await;
+                    subject.assert_ttls();
                 }
             )*
         }

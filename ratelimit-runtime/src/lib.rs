@@ -67,6 +67,8 @@
 mod actix;
 mod algorithm;
 pub mod backend;
+#[cfg(feature = "redis")]
+mod breaker;
 mod clock;
 mod decision;
 mod error;

@@ -5,8 +5,6 @@ use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
-#[cfg(feature = "redis")]
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, PoisonError, RwLock};
 #[cfg(feature = "redis")]
@@ -17,7 +15,11 @@ use once_cell::sync::OnceCell;
 use crate::backend::Backend;
 use crate::backend::memory::MemoryBackend;
 #[cfg(feature = "redis")]
-use crate::backend::redis::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, RedisBackend};
+use crate::backend::redis::{
+    ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, RedisBackend,
+};
+#[cfg(feature = "redis")]
+use crate::breaker::{Breaker, CircuitOpen, OverLimitCache};
 use crate::clock::{Clock, SystemClock};
 use crate::{Algorithm, Decision, Error, OnError, Rule};
 
@@ -77,7 +79,8 @@ enum Store {
         /// Checks the same rules in process memory while Redis fails, so the
         /// service stays up and each instance still enforces the limits.
         insurance: MemoryBackend,
-        degraded: AtomicBool,
+        breaker: Breaker,
+        over_limit: Option<OverLimitCache>,
     },
     Custom(Box<dyn DynBackend>),
 }
@@ -239,6 +242,8 @@ impl RateLimiter {
         on_error: OnError,
     ) -> Result<Permit, Error> {
         validate_cost(rule, cost)?;
+        #[cfg(not(feature = "redis"))]
+        let _ = on_error; // only the Redis backend fails over
         let concurrency = rule.algorithm() == Algorithm::Concurrency;
         let id = if concurrency { next_lease_id() } else { 0 };
         let (decision, held_by_insurance) = match &*self.inner {
@@ -250,20 +255,36 @@ impl RateLimiter {
             Store::Redis {
                 redis,
                 insurance,
-                degraded,
+                breaker,
+                over_limit,
             } => {
-                let answer = if concurrency {
+                let cache = over_limit.as_ref().filter(|_| !concurrency);
+                if let Some(decision) = cache.and_then(|c| c.refused(key, cost)) {
+                    return Ok(Permit {
+                        decision,
+                        lease: None,
+                    });
+                }
+                let sent = std::time::Instant::now();
+                let answer = if !breaker.allow() {
+                    Err(Error::backend(CircuitOpen))
+                } else if concurrency {
                     Backend::acquire(redis, rule, key, cost, id).await
                 } else {
                     Backend::check(redis, rule, key, cost).await
                 };
                 match answer {
                     Ok(decision) => {
-                        recovered(degraded);
+                        breaker.succeeded();
+                        if let Some(cache) = cache {
+                            cache.remember(key, cost, &decision, sent);
+                        }
                         (decision, false)
                     }
                     Err(error) => {
-                        degrade(degraded, &error, on_error);
+                        if !matches!(&error, Error::Backend(e) if e.is::<CircuitOpen>()) {
+                            breaker.failed(&error, on_error);
+                        }
                         match on_error {
                             OnError::Local if concurrency => {
                                 (insurance.acquire_now(rule, key, cost, id), true)
@@ -322,25 +343,6 @@ fn validate_cost(rule: &Rule, cost: u64) -> Result<(), Error> {
         });
     }
     Ok(())
-}
-
-#[cfg(feature = "redis")]
-fn recovered(degraded: &AtomicBool) {
-    if degraded.load(Ordering::Relaxed) && degraded.swap(false, Ordering::Relaxed) {
-        tracing::info!("Redis answers again; rate limits are shared again");
-    }
-}
-
-#[cfg(feature = "redis")]
-fn degrade(degraded: &AtomicBool, error: &Error, on_error: OnError) {
-    if !degraded.swap(true, Ordering::Relaxed) {
-        let policy = match on_error {
-            OnError::Local => "enforcing rate limits per process",
-            OnError::Allow => "letting calls through (policy `allow`)",
-            OnError::Deny => "refusing calls (policy `deny`)",
-        };
-        tracing::warn!(%error, "Redis is unavailable; {policy} until it answers");
-    }
 }
 
 /// A lease id no other lease of this process, or (with 64 random bits)
@@ -410,6 +412,7 @@ struct Lease {
     key: Box<str>,
     cost: u64,
     id: u64,
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     held_by_insurance: bool,
     released: bool,
 }
@@ -462,6 +465,12 @@ pub struct RateLimiterBuilder {
     timeout: Option<Duration>,
     #[cfg(feature = "redis")]
     connect_timeout: Option<Duration>,
+    #[cfg(feature = "redis")]
+    probe_interval: Option<Duration>,
+    #[cfg(feature = "redis")]
+    start_degraded: bool,
+    #[cfg(feature = "redis")]
+    over_limit_cache: bool,
 }
 
 #[derive(Debug, Default)]
@@ -470,6 +479,8 @@ enum BackendChoice {
     Memory,
     #[cfg(feature = "redis")]
     Redis(String),
+    #[cfg(feature = "redis")]
+    RedisCluster(Vec<String>),
     Custom(Box<dyn DynBackend>),
 }
 
@@ -505,6 +516,41 @@ impl RateLimiterBuilder {
         self
     }
 
+    /// Keep budgets in a Redis Cluster, reached through any of these nodes
+    /// (`redis://host:port`): every check runs on the one slot of its key.
+    #[cfg(feature = "redis")]
+    pub fn redis_cluster<S: Into<String>>(mut self, nodes: impl IntoIterator<Item = S>) -> Self {
+        self.backend = BackendChoice::RedisCluster(nodes.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// After Redis fails, how often one call probes it while the others are
+    /// answered by the failure policy without waiting for it (default 250 ms).
+    #[cfg(feature = "redis")]
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.probe_interval = Some(interval);
+        self
+    }
+
+    /// Let [`build`](RateLimiterBuilder::build) succeed when Redis cannot be
+    /// reached: the limiter starts degraded (the failure policy answers) and
+    /// connects when Redis answers a probe.
+    #[cfg(feature = "redis")]
+    pub fn start_degraded(mut self, allow: bool) -> Self {
+        self.start_degraded = allow;
+        self
+    }
+
+    /// Remember keys Redis refused until a known time, and refuse them
+    /// locally until then, without a round trip (off by default). It never
+    /// lets through a call Redis would refuse, and never refuses past the
+    /// time Redis named. Cuts Redis load during floods.
+    #[cfg(feature = "redis")]
+    pub fn over_limit_cache(mut self, enabled: bool) -> Self {
+        self.over_limit_cache = enabled;
+        self
+    }
+
     /// Keep budgets in a backend of your own.
     pub fn backend(mut self, backend: impl Backend) -> Self {
         self.backend = BackendChoice::Custom(Box::new(backend));
@@ -519,8 +565,8 @@ impl RateLimiterBuilder {
         self
     }
 
-    /// How long one check may wait for Redis (default 250 ms); a check that
-    /// takes longer is answered by the in-process insurance limiter.
+    /// How long one check may wait for Redis (default 50 ms); a check that
+    /// takes longer is answered by the failure policy.
     #[cfg(feature = "redis")]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
@@ -535,6 +581,28 @@ impl RateLimiterBuilder {
         self
     }
 
+    #[cfg(feature = "redis")]
+    fn connect_options(&self) -> ConnectOptions {
+        ConnectOptions {
+            timeout: self.timeout.unwrap_or(DEFAULT_TIMEOUT),
+            connect_timeout: self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+            lazy: self.start_degraded,
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn redis_store(&self, redis: RedisBackend, clock: Box<dyn Clock>) -> Store {
+        Store::Redis {
+            redis,
+            insurance: MemoryBackend::with_boxed_clock(clock),
+            breaker: Breaker::new(
+                self.probe_interval.unwrap_or(Duration::from_millis(250)),
+                false,
+            ),
+            over_limit: self.over_limit_cache.then(OverLimitCache::new),
+        }
+    }
+
     /// Builds the limiter, connecting to Redis if one was chosen.
     ///
     /// # Errors
@@ -542,21 +610,24 @@ impl RateLimiterBuilder {
     /// [`Error::Config`] for a malformed Redis URL, [`Error::Backend`] if
     /// Redis cannot be reached (or the scripts loaded) within the connect
     /// timeout.
-    pub async fn build(self) -> Result<RateLimiter, Error> {
-        let clock = self.clock.unwrap_or_else(|| Box::new(SystemClock::new()));
-        let store = match self.backend {
+    pub async fn build(mut self) -> Result<RateLimiter, Error> {
+        let clock = self
+            .clock
+            .take()
+            .unwrap_or_else(|| Box::new(SystemClock::new()));
+        let backend = std::mem::take(&mut self.backend);
+        let store = match backend {
             BackendChoice::Memory => Store::Memory(MemoryBackend::with_boxed_clock(clock)),
             #[cfg(feature = "redis")]
-            BackendChoice::Redis(url) => Store::Redis {
-                redis: RedisBackend::connect_with(
-                    &url,
-                    self.timeout.unwrap_or(DEFAULT_TIMEOUT),
-                    self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
-                )
-                .await?,
-                insurance: MemoryBackend::with_boxed_clock(clock),
-                degraded: AtomicBool::new(false),
-            },
+            BackendChoice::Redis(url) => {
+                let redis = RedisBackend::open(&url, self.connect_options()).await?;
+                self.redis_store(redis, clock)
+            }
+            #[cfg(feature = "redis")]
+            BackendChoice::RedisCluster(nodes) => {
+                let redis = RedisBackend::open_cluster(&nodes, self.connect_options()).await?;
+                self.redis_store(redis, clock)
+            }
             BackendChoice::Custom(backend) => Store::Custom(backend),
         };
         Ok(RateLimiter {

@@ -1,36 +1,110 @@
-//! Redis: every check is one Lua script run by `EVALSHA` on one multiplexed
-//! connection shared by all tasks.
+//! Redis and Redis Cluster: every check is one Lua script run by `EVALSHA`
+//! on one multiplexed connection (or one cluster connection) shared by all
+//! tasks.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
+use tokio::sync::OnceCell;
 
 use super::Backend;
 use crate::algorithm::Outcome;
 use crate::{Algorithm, Decision, Error, Rule};
 
 /// How long one check may wait for Redis before it counts as failed.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 
-/// How long [`RedisBackend::connect`] may take.
+/// How long connecting (and loading the scripts) may take.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Budgets kept in Redis, shared by every instance of the application.
+/// Budgets kept in Redis or Redis Cluster, shared by every instance of the
+/// application.
 ///
 /// One script per algorithm (in `src/scripts/`), each touching exactly one key
-/// (so every check is Redis Cluster safe) and using the Redis server's clock
-/// (`TIME`, in µs); every write sets a TTL no longer than the state matters. Scripts
-/// are loaded when connecting and reloaded if Redis answers `NOSCRIPT` (after
-/// a restart or `SCRIPT FLUSH`). Cheap to clone: clones share the connection,
-/// which reconnects in the background after a failure.
+/// (so every check runs on one cluster slot) and using the Redis server's
+/// clock (`TIME`, in µs); every write sets a TTL no longer than the state
+/// matters. Scripts are loaded on every node when connecting and reloaded if
+/// a node answers `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`).
+/// Cheap to clone: clones share the connection, which reconnects in the
+/// background after a failure. Every call has a deadline.
 #[derive(Clone)]
 pub struct RedisBackend {
-    conn: ConnectionManager,
+    conn: Arc<Conn>,
     scripts: Arc<Scripts>,
     timeout: Duration,
+}
+
+/// Where to connect, and the connection once made.
+struct Conn {
+    target: Target,
+    live: OnceCell<Live>,
+    timeout: Duration,
+    connect_timeout: Duration,
+}
+
+enum Target {
+    Single(redis::Client),
+    // Boxed: a cluster client is twice a plain one, and both live once per limiter.
+    Cluster(Box<ClusterClient>),
+}
+
+#[derive(Clone)]
+enum Live {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Live {
+    async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> Result<T, RedisError> {
+        match self {
+            Live::Single(conn) => cmd.query_async(conn).await,
+            Live::Cluster(conn) => cmd.query_async(conn).await,
+        }
+    }
+
+    async fn load(&mut self, script: &Script) -> Result<(), RedisError> {
+        match self {
+            Live::Single(conn) => script.load_async(conn).await.map(drop),
+            Live::Cluster(conn) => script.load_async(conn).await.map(drop),
+        }
+    }
+}
+
+impl Conn {
+    /// The connection, made now if it was not yet (one attempt, bounded by
+    /// the connect timeout).
+    async fn get(&self, scripts: &Scripts) -> Result<Live, Error> {
+        if let Some(live) = self.live.get() {
+            return Ok(live.clone());
+        }
+        let connect = self.live.get_or_try_init(|| async {
+            let mut live = match &self.target {
+                Target::Single(client) => {
+                    let config = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(self.connect_timeout))
+                        .set_response_timeout(Some(self.timeout))
+                        .set_number_of_retries(2)
+                        .set_max_delay(Duration::from_secs(1));
+                    Live::Single(client.get_connection_manager_with_config(config).await?)
+                }
+                Target::Cluster(client) => Live::Cluster(client.get_async_connection().await?),
+            };
+            for script in &scripts.by_algorithm {
+                live.load(script).await?;
+            }
+            Ok::<_, RedisError>(live)
+        });
+        match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(live)) => Ok(live.clone()),
+            Ok(Err(e)) => Err(Error::backend(e)),
+            Err(_) => Err(Error::backend(TimedOut(self.connect_timeout))),
+        }
+    }
 }
 
 struct Scripts {
@@ -68,9 +142,35 @@ pub(crate) fn source(algorithm: Algorithm) -> &'static str {
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.conn.target {
+            Target::Single(_) => "single node",
+            Target::Cluster(_) => "cluster",
+        };
         f.debug_struct("RedisBackend")
+            .field("kind", &kind)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
+    }
+}
+
+/// How a [`RedisBackend`] connects.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectOptions {
+    /// The deadline of every check.
+    pub timeout: Duration,
+    /// How long connecting (and loading the scripts) may take.
+    pub connect_timeout: Duration,
+    /// Start even if Redis cannot be reached; connect on first use.
+    pub lazy: bool,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            lazy: false,
+        }
     }
 }
 
@@ -81,35 +181,71 @@ impl RedisBackend {
         RedisBackend::connect_with(url, DEFAULT_TIMEOUT, DEFAULT_CONNECT_TIMEOUT).await
     }
 
-    /// Connects with a per-check `timeout` and a `connect_timeout` for this
-    /// call, and loads the scripts.
+    /// Connects with a per-check `timeout` and a `connect_timeout`, and loads
+    /// the scripts.
     pub async fn connect_with(
         url: &str,
         timeout: Duration,
         connect_timeout: Duration,
     ) -> Result<RedisBackend, Error> {
+        RedisBackend::open(
+            url,
+            ConnectOptions {
+                timeout,
+                connect_timeout,
+                lazy: false,
+            },
+        )
+        .await
+    }
+
+    /// Connects to one Redis server.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a malformed URL; [`Error::Backend`] if Redis
+    /// cannot be reached within the connect timeout (unless `lazy`).
+    pub async fn open(url: &str, options: ConnectOptions) -> Result<RedisBackend, Error> {
         let client = redis::Client::open(url)
             .map_err(|e| Error::Config(format!("bad Redis URL {url:?}: {e}")))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(timeout))
-            .set_max_delay(Duration::from_secs(2));
-        let connect = async {
-            let mut conn = client.get_connection_manager_with_config(config).await?;
-            let scripts = Scripts::new();
-            for script in &scripts.by_algorithm {
-                script.load_async(&mut conn).await?;
-            }
-            Ok::<_, RedisError>(RedisBackend {
-                conn,
-                scripts: Arc::new(scripts),
-                timeout,
-            })
+        RedisBackend::start(Target::Single(client), options).await
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes (`urls`).
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](RedisBackend::open).
+    pub async fn open_cluster(
+        urls: &[String],
+        options: ConnectOptions,
+    ) -> Result<RedisBackend, Error> {
+        let client = ClusterClient::builder(urls.iter().map(String::as_str))
+            .connection_timeout(options.connect_timeout)
+            .response_timeout(options.timeout)
+            .build()
+            .map_err(|e| Error::Config(format!("bad Redis Cluster URLs {urls:?}: {e}")))?;
+        RedisBackend::start(Target::Cluster(Box::new(client)), options).await
+    }
+
+    async fn start(target: Target, options: ConnectOptions) -> Result<RedisBackend, Error> {
+        let backend = RedisBackend {
+            conn: Arc::new(Conn {
+                target,
+                live: OnceCell::new(),
+                timeout: options.timeout,
+                connect_timeout: options.connect_timeout,
+            }),
+            scripts: Arc::new(Scripts::new()),
+            timeout: options.timeout,
         };
-        match tokio::time::timeout(connect_timeout, connect).await {
-            Ok(Ok(backend)) => Ok(backend),
-            Ok(Err(e)) => Err(Error::backend(e)),
-            Err(_) => Err(Error::backend(TimedOut(connect_timeout))),
+        match backend.conn.get(&backend.scripts).await {
+            Ok(_) => Ok(backend),
+            Err(error) if options.lazy => {
+                tracing::warn!(%error, "Redis cannot be reached; starting degraded, will connect on use");
+                Ok(backend)
+            }
+            Err(error) => Err(error),
         }
     }
 
@@ -141,18 +277,19 @@ impl RedisBackend {
             cmd.arg(lease);
         }
         let run = async {
-            let mut conn = self.conn.clone();
-            match cmd.query_async(&mut conn).await {
+            let mut live = self.conn.get(&self.scripts).await?;
+            let reply = match live.query(&cmd).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    script.load_async(&mut conn).await?;
-                    cmd.query_async(&mut conn).await
+                    live.load(script).await.map_err(Error::backend)?;
+                    live.query(&cmd).await
                 }
                 reply => reply,
-            }
+            };
+            reply.map_err(Error::backend)
         };
         let (allowed, remaining, reset_us, retry_us): (i64, i64, i64, i64) =
             match tokio::time::timeout(self.timeout, run).await {
-                Ok(reply) => reply.map_err(Error::backend)?,
+                Ok(reply) => reply?,
                 Err(_) => return Err(Error::backend(TimedOut(self.timeout))),
             };
         let micros = |n: i64| u64::try_from(n).unwrap_or(0);
@@ -220,9 +357,15 @@ impl Backend for RedisBackend {
         for unit in 0..cost {
             cmd.arg(format!("{lease}:{unit}"));
         }
-        let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.timeout, cmd.query_async::<i64>(&mut conn)).await {
-            Ok(reply) => reply.map(drop).map_err(Error::backend),
+        let run = async {
+            let mut live = self.conn.get(&self.scripts).await?;
+            live.query::<i64>(&cmd)
+                .await
+                .map(drop)
+                .map_err(Error::backend)
+        };
+        match tokio::time::timeout(self.timeout, run).await {
+            Ok(reply) => reply,
             Err(_) => Err(Error::backend(TimedOut(self.timeout))),
         }
     }

@@ -1,0 +1,250 @@
+//! What keeps a limiter up when Redis is not: a circuit breaker that stops
+//! sending every call to a dead Redis, and an opt-in cache of keys known to
+//! be over their limit.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::{Decision, Error, OnError};
+
+/// Consecutive failures that open the circuit.
+const FAILURES_TO_OPEN: u32 = 3;
+
+/// Closed: calls go to Redis. Open (after consecutive failures): calls are
+/// answered by the failure policy without a Redis round trip, except one probe
+/// every `probe_interval`; a probe that succeeds closes it. Each switch is
+/// logged once.
+#[derive(Debug)]
+pub(crate) struct Breaker {
+    origin: Instant,
+    probe_interval_ms: u64,
+    failures: AtomicU32,
+    open: AtomicBool,
+    next_probe_ms: AtomicU64,
+}
+
+impl Breaker {
+    pub(crate) fn new(probe_interval: Duration, start_open: bool) -> Breaker {
+        Breaker {
+            origin: Instant::now(),
+            probe_interval_ms: probe_interval.as_millis().max(1) as u64,
+            failures: AtomicU32::new(if start_open { FAILURES_TO_OPEN } else { 0 }),
+            open: AtomicBool::new(start_open),
+            next_probe_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64
+    }
+
+    /// Whether this call may go to Redis: always while closed; while open,
+    /// only the one call that takes the next probe slot.
+    pub(crate) fn allow(&self) -> bool {
+        if !self.open.load(Ordering::Relaxed) {
+            return true;
+        }
+        let now = self.now_ms();
+        let next = self.next_probe_ms.load(Ordering::Relaxed);
+        now >= next
+            && self
+                .next_probe_ms
+                .compare_exchange(
+                    next,
+                    now + self.probe_interval_ms,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    pub(crate) fn succeeded(&self) {
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+        }
+        if self.open.load(Ordering::Relaxed) && self.open.swap(false, Ordering::AcqRel) {
+            tracing::info!("Redis answers again; rate limits are shared again");
+        }
+    }
+
+    pub(crate) fn failed(&self, error: &Error, on_error: OnError) {
+        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if failures < FAILURES_TO_OPEN {
+            return;
+        }
+        self.next_probe_ms
+            .store(self.now_ms() + self.probe_interval_ms, Ordering::Relaxed);
+        if !self.open.swap(true, Ordering::AcqRel) {
+            let policy = match on_error {
+                OnError::Local => "enforcing rate limits per process",
+                OnError::Allow => "letting calls through (policy `allow`)",
+                OnError::Deny => "refusing calls (policy `deny`)",
+            };
+            tracing::warn!(
+                %error,
+                "Redis is unavailable; {policy} and probing every {} ms until it answers",
+                self.probe_interval_ms
+            );
+        }
+    }
+}
+
+/// Why a call did not go to Redis: the circuit is open.
+#[derive(Debug)]
+pub(crate) struct CircuitOpen;
+
+impl std::fmt::Display for CircuitOpen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Redis is unavailable (circuit open, probing)")
+    }
+}
+
+impl std::error::Error for CircuitOpen {}
+
+const CACHE_SHARDS: usize = 16;
+const MIN_SWEEP_LEN: usize = 256;
+
+/// Keys Redis said are over their limit until some instant: refused locally
+/// until then, with no round trip. It only ever refuses, and only until the
+/// time Redis named, measured from before the request was sent (so never
+/// later than Redis' own), and only calls that cost at least as much as the
+/// refused one.
+#[derive(Debug)]
+pub(crate) struct OverLimitCache {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    entries: HashMap<Box<str>, Refusal>,
+    sweep_at: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Refusal {
+    until: Instant,
+    reset_at: Instant,
+    cost: u64,
+    limit: u64,
+    remaining: u64,
+}
+
+impl OverLimitCache {
+    pub(crate) fn new() -> OverLimitCache {
+        OverLimitCache {
+            shards: (0..CACHE_SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        entries: HashMap::new(),
+                        sweep_at: MIN_SWEEP_LEN,
+                    })
+                })
+                .collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
+        let index = self.hasher.hash_one(key) as usize % CACHE_SHARDS;
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A local refusal, if `key` is known to refuse a call of this cost now.
+    pub(crate) fn refused(&self, key: &str, cost: u64) -> Option<Decision> {
+        let now = Instant::now();
+        let shard = self.shard(key);
+        let refusal = shard.entries.get(key)?;
+        if now >= refusal.until || cost < refusal.cost {
+            return None;
+        }
+        Some(Decision {
+            allowed: false,
+            limit: refusal.limit,
+            remaining: refusal.remaining,
+            reset_after: refusal.reset_at.saturating_duration_since(now),
+            retry_after: refusal.until - now,
+        })
+    }
+
+    /// Remembers a refusal Redis answered to a request sent at `sent`.
+    pub(crate) fn remember(&self, key: &str, cost: u64, decision: &Decision, sent: Instant) {
+        if decision.allowed || decision.retry_after.is_zero() {
+            return;
+        }
+        let refusal = Refusal {
+            until: sent + decision.retry_after,
+            reset_at: sent + decision.reset_after,
+            cost,
+            limit: decision.limit,
+            remaining: decision.remaining,
+        };
+        let now = Instant::now();
+        let mut shard = self.shard(key);
+        if shard.entries.len() >= shard.sweep_at {
+            shard.entries.retain(|_, r| r.until > now);
+            shard.sweep_at = (shard.entries.len() * 2).max(MIN_SWEEP_LEN);
+        }
+        shard.entries.insert(key.into(), refusal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_circuit_opens_after_failures_and_probes_at_intervals() {
+        let breaker = Breaker::new(Duration::from_millis(300), false);
+        let error = Error::backend(CircuitOpen);
+        assert!(breaker.allow());
+        breaker.failed(&error, OnError::Local);
+        breaker.failed(&error, OnError::Local);
+        assert!(breaker.allow(), "still closed after two failures");
+        breaker.failed(&error, OnError::Local);
+        assert!(!breaker.allow(), "open: no call goes to Redis");
+        std::thread::sleep(Duration::from_millis(310));
+        assert!(breaker.allow(), "one probe after the interval");
+        assert!(!breaker.allow(), "and only one");
+        breaker.succeeded();
+        assert!(breaker.allow() && breaker.allow(), "closed again");
+    }
+
+    #[test]
+    fn the_cache_refuses_only_until_the_time_redis_named() {
+        let cache = OverLimitCache::new();
+        let refused = |retry_ms| Decision {
+            allowed: false,
+            limit: 5,
+            remaining: 1,
+            reset_after: Duration::from_millis(2 * retry_ms),
+            retry_after: Duration::from_millis(retry_ms),
+        };
+        let sent = Instant::now();
+        cache.remember("k", 2, &refused(30_000), sent);
+        let local = cache.refused("k", 2).expect("refused locally");
+        assert!(local.retry_after <= Duration::from_secs(30));
+        assert!(!local.allowed && local.remaining == 1 && local.limit == 5);
+        assert!(cache.refused("k", 3).is_some(), "a costlier call too");
+        assert!(
+            cache.refused("k", 1).is_none(),
+            "a cheaper call may pass: ask Redis"
+        );
+        assert!(cache.refused("other", 2).is_none());
+
+        let sent = Instant::now();
+        cache.remember("short", 1, &refused(30), sent);
+        while sent.elapsed() < Duration::from_millis(30) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            cache.refused("short", 1).is_none(),
+            "never past the time Redis named"
+        );
+    }
+}

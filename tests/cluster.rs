@@ -1,0 +1,126 @@
+//! Redis Cluster: six real redis-server processes (3 masters, 3 replicas)
+//! that the test starts. Every algorithm runs on it; keys spread over all
+//! masters; the limiter follows a failover.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Subject, count_pass_then_refused_then_budget_returns, same_decisions};
+use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
+use ratelimit_runtime::{Algorithm, Backend, RateLimiter, Rule};
+use ratelimit_workspace::RedisCluster;
+
+async fn cluster_backend(cluster: &RedisCluster) -> RedisBackend {
+    let options = ConnectOptions {
+        timeout: Duration::from_secs(1),
+        ..ConnectOptions::default()
+    };
+    RedisBackend::open_cluster(&cluster.urls(), options)
+        .await
+        .expect("connecting to the test cluster")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_algorithm_passes_its_scenario_and_equals_memory_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let redis = cluster_backend(&cluster).await;
+    for algorithm in Algorithm::ALL {
+        same_decisions(&redis, algorithm).await;
+    }
+    let subject = Subject::cluster(cluster).await;
+    for algorithm in Algorithm::ALL {
+        count_pass_then_refused_then_budget_returns(&subject, algorithm).await;
+    }
+    subject.assert_ttls();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_of_different_subjects_spread_over_every_master() {
+    let cluster = RedisCluster::start();
+    let limiter = RateLimiter::builder()
+        .redis_cluster(cluster.urls())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let rule = Rule::gcra(5, Duration::from_secs(60));
+    for user in 0..90 {
+        let decision = limiter
+            .check(&rule, &format!("limiter:spread:user:{user}"))
+            .await
+            .unwrap();
+        assert!(decision.allowed);
+    }
+    let spread = cluster.keys_per_master("limiter:spread:*");
+    assert_eq!(spread.len(), 3, "{spread:?}");
+    assert_eq!(
+        spread.iter().map(|(_, n)| n).sum::<usize>(),
+        90,
+        "{spread:?}"
+    );
+    assert!(
+        spread.iter().all(|(_, n)| *n > 0),
+        "every master holds some: {spread:?}"
+    );
+    assert!(
+        cluster
+            .keys_with_pttl("limiter:*")
+            .iter()
+            .all(|(_, pttl)| *pttl > 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_limiter_follows_a_master_failover() {
+    let mut cluster = RedisCluster::start();
+    let redis = cluster_backend(&cluster).await;
+    let limiter = RateLimiter::builder()
+        .redis_cluster(cluster.urls())
+        .timeout(Duration::from_millis(500))
+        .probe_interval(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let rule = Rule::fixed_window(10, Duration::from_secs(120));
+    let key = "limiter:failover";
+    for _ in 0..3 {
+        assert!(limiter.check(&rule, key).await.unwrap().allowed);
+    }
+    // Let the replica catch up, then kill the key's master.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let master = cluster.master_for(key);
+    cluster.kill(master);
+    let killed = Instant::now();
+    // The backend itself answers again once a replica is promoted.
+    loop {
+        match redis.check(&rule, key, 1).await {
+            Ok(decision) => {
+                // The promoted replica had the 3 calls before the kill.
+                assert_eq!(decision.remaining, 10 - 3 - 1, "{decision:?}");
+                break;
+            }
+            Err(_) => {
+                assert!(
+                    killed.elapsed() < Duration::from_secs(30),
+                    "no failover in 30 s"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert_ne!(cluster.master_for(key), master, "a replica took over");
+    // And so does the limiter (after its next probe), on the shared state.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let decision = limiter.check(&rule, key).await.unwrap();
+        if decision.remaining <= 10 - 3 - 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the limiter stayed on its local insurance: {decision:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

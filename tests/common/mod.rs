@@ -1,0 +1,243 @@
+//! Scenarios shared by the single-node, cluster and memory tests.
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::Duration;
+
+use ratelimit_runtime::backend::memory::MemoryBackend;
+use ratelimit_runtime::backend::redis::RedisBackend;
+use ratelimit_runtime::{Algorithm, Backend, Decision, ManualClock, RateLimiter, Rule};
+use ratelimit_workspace::{RedisCluster, RedisServer};
+
+/// 2023-11-14 in µs since the Unix epoch: sixteen digits, as Redis' TIME.
+pub const EPOCH_US: u64 = 1_700_000_000_000_000;
+
+/// A small deterministic generator, so a failure names a reproducible seed.
+pub struct XorShift(pub u64);
+
+impl XorShift {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+pub async fn redis_backend(server: &RedisServer) -> RedisBackend {
+    RedisBackend::connect_with(
+        &server.url(),
+        Duration::from_secs(5),
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("connecting to the test redis-server")
+}
+
+fn rules(algorithm: Algorithm) -> Vec<Rule> {
+    let shapes = [
+        (1, 1, 1_000),
+        (3, 5, 7),
+        (5, 2, 1_000),
+        (50, 50, 60_000),
+        (7, 3, 333),
+    ];
+    shapes
+        .into_iter()
+        .map(|(count, burst, period_ms)| {
+            let rule = Rule::new(algorithm, count, Duration::from_millis(period_ms));
+            if algorithm.has_burst() {
+                rule.with_burst(burst)
+            } else {
+                rule
+            }
+        })
+        .collect()
+}
+
+/// Runs 400 random calls (3 keys, random costs and time steps) per rule on
+/// the memory backend and on `redis` (a single node or a cluster) and
+/// compares every decision.
+pub async fn same_decisions(redis: &RedisBackend, algorithm: Algorithm) {
+    for (r, rule) in rules(algorithm).into_iter().enumerate() {
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_micros(EPOCH_US));
+        let memory = MemoryBackend::with_clock(clock.clone());
+        let mut now = EPOCH_US;
+        let mut random = XorShift(0x9E37_79B9_7F4A_7C15 ^ r as u64);
+        let period = rule.period().as_micros() as u64;
+        let mut held: Vec<(String, u64, u64)> = Vec::new();
+        let mut last: Option<Decision> = None;
+        for step in 0..400 {
+            let micros = |d: Duration| d.as_micros() as u64;
+            // Random steps, and steps that land exactly on the boundaries the
+            // last decision named (where off-by-one mistakes live).
+            let advance = match (random.below(8), last) {
+                (0, _) => 0,
+                (1, _) => random.below(period / 4 + 1),
+                (2, _) => random.below(period + 2),
+                (3, _) => period,
+                (4, Some(d)) => micros(d.retry_after),
+                (5, Some(d)) => micros(d.reset_after),
+                (6, Some(d)) => micros(d.reset_after).saturating_sub(1),
+                _ => 1,
+            };
+            clock.advance(Duration::from_micros(advance));
+            now += advance;
+            let key = format!("limiter:{}:{r}:{}", algorithm.name(), random.below(3));
+            let cost = 1 + random.below(rule.capacity().min(4));
+            let at = Duration::from_micros(now);
+            let (from_memory, from_redis): (Decision, Decision) =
+                if algorithm == Algorithm::Concurrency {
+                    let lease = step as u64 + 1;
+                    let m = Backend::acquire(&memory, &rule, &key, cost, lease)
+                        .await
+                        .unwrap();
+                    let d = redis
+                        .acquire_at(&rule, &key, cost, lease, at)
+                        .await
+                        .unwrap();
+                    if m.allowed {
+                        held.push((key.clone(), cost, lease));
+                    }
+                    // Now and then a call ends and gives its lease back.
+                    if !held.is_empty() && random.below(3) == 0 {
+                        let (key, cost, lease) =
+                            held.swap_remove(random.below(held.len() as u64) as usize);
+                        Backend::release(&memory, &rule, &key, cost, lease)
+                            .await
+                            .unwrap();
+                        Backend::release(redis, &rule, &key, cost, lease)
+                            .await
+                            .unwrap();
+                    }
+                    (m, d)
+                } else {
+                    (
+                        memory.check_now(&rule, &key, cost),
+                        redis.check_at(&rule, &key, cost, at).await.unwrap(),
+                    )
+                };
+            assert_eq!(
+                from_redis, from_memory,
+                "{algorithm:?} {rule:?}: step {step}, key {key}, cost {cost}, now {now}"
+            );
+            last = Some(from_memory);
+        }
+    }
+}
+
+/// A limiter on a fresh redis-server or cluster, or in memory on a manual clock.
+pub struct Subject {
+    pub limiter: RateLimiter,
+    clock: Option<ManualClock>,
+    server: Option<RedisServer>,
+    cluster: Option<RedisCluster>,
+}
+
+impl Subject {
+    pub fn memory() -> Subject {
+        let clock = ManualClock::new();
+        Subject {
+            limiter: RateLimiter::in_memory_with_clock(clock.clone()),
+            clock: Some(clock),
+            server: None,
+            cluster: None,
+        }
+    }
+
+    pub async fn cluster(cluster: RedisCluster) -> Subject {
+        let limiter = RateLimiter::builder()
+            .redis_cluster(cluster.urls())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .unwrap();
+        Subject {
+            limiter,
+            clock: None,
+            server: None,
+            cluster: Some(cluster),
+        }
+    }
+
+    /// Every key under the prefix has a TTL.
+    pub fn assert_ttls(&self) {
+        let keys = match (&self.server, &self.cluster) {
+            (Some(server), _) => server.keys_with_pttl("limiter:*"),
+            (_, Some(cluster)) => cluster.keys_with_pttl("limiter:*"),
+            _ => return,
+        };
+        let without: Vec<_> = keys.iter().filter(|(_, pttl)| *pttl <= 0).collect();
+        assert!(without.is_empty(), "keys without a TTL: {without:?}");
+    }
+
+    pub async fn redis() -> Subject {
+        let server = RedisServer::start();
+        let limiter = RateLimiter::builder()
+            .redis(server.url())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .unwrap();
+        Subject {
+            limiter,
+            clock: None,
+            server: Some(server),
+            cluster: None,
+        }
+    }
+
+    async fn wait(&self, by: Duration) {
+        match &self.clock {
+            Some(clock) => clock.advance(by),
+            None => tokio::time::sleep(by).await,
+        }
+    }
+}
+
+/// Three calls per 600 ms pass, the fourth is refused, the budget returns;
+/// keys stay with a TTL throughout.
+pub async fn count_pass_then_refused_then_budget_returns(subject: &Subject, algorithm: Algorithm) {
+    let period = Duration::from_millis(600);
+    let rule = Rule::new(algorithm, 3, period);
+    let key = format!("limiter:scenario:{}", algorithm.name());
+    let limiter = &subject.limiter;
+    let mut permits = Vec::new();
+    for expected_remaining in [2, 1, 0] {
+        let permit = limiter.acquire(&rule, &key, 1).await.unwrap();
+        let decision = *permit.decision();
+        assert!(decision.allowed, "{algorithm:?}: {decision:?}");
+        assert_eq!(decision.remaining, expected_remaining, "{algorithm:?}");
+        permits.push(permit);
+    }
+    let refused = *limiter.acquire(&rule, &key, 1).await.unwrap().decision();
+    assert!(!refused.allowed, "{algorithm:?}: {refused:?}");
+    assert!(
+        refused.retry_after > Duration::ZERO && refused.retry_after <= 2 * period,
+        "{algorithm:?}: {refused:?}"
+    );
+    subject.assert_ttls();
+    if algorithm == Algorithm::Concurrency {
+        // A call ends: its lease comes back at once.
+        permits.pop().unwrap().release().await.unwrap();
+    } else {
+        // The two-counter window needs its previous window to fade too.
+        let wait = if algorithm == Algorithm::SlidingWindow {
+            2 * period
+        } else {
+            period
+        };
+        subject.wait(wait + Duration::from_millis(60)).await;
+    }
+    let again = *limiter.acquire(&rule, &key, 1).await.unwrap().decision();
+    assert!(
+        again.allowed,
+        "{algorithm:?}: the budget returns: {again:?}"
+    );
+    if let Some(server) = &subject.server {
+        server.assert_all_keys_expire("limiter:*");
+    }
+}
