@@ -54,8 +54,11 @@ impl RedisServer {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match RedisServer::try_start(self.port, &[]) {
-                Ok(server) => {
-                    *self = server;
+                Ok(mut server) => {
+                    // Swap the new process in; the old handle (same port, same
+                    // folder) must not delete what the new one uses.
+                    std::mem::swap(self, &mut server);
+                    std::mem::forget(server);
                     return;
                 }
                 Err(error) if Instant::now() > deadline => {

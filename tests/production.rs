@@ -1,0 +1,334 @@
+//! Redis failing under a limiter: paused (SIGSTOP), killed and restarted
+//! under load, a server that accepts but never answers, a start without
+//! Redis; and the over-limit cache. Every call has a deadline; no call hangs
+//! or panics; each policy does what it says; the limiter goes back to Redis
+//! by itself. Time limits are checked with wide margins.
+
+use std::io::Read;
+use std::net::{Ipv4Addr, TcpListener};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ratelimit_runtime::{Error, OnError, RateLimiter, Rule};
+use ratelimit_workspace::RedisServer;
+
+const DEADLINE: Duration = Duration::from_millis(100);
+
+async fn limiter(url: String, on_error: OnError) -> RateLimiter {
+    RateLimiter::builder()
+        .redis(url)
+        .timeout(DEADLINE)
+        .probe_interval(Duration::from_millis(100))
+        .on_backend_error(on_error)
+        .build()
+        .await
+        .expect("connecting to the test redis-server")
+}
+
+/// Times one check: it must come back well within a second.
+async fn timed<T>(check: impl Future<Output = T>) -> T {
+    let started = Instant::now();
+    let out = check.await;
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "a check took {:?}",
+        started.elapsed()
+    );
+    out
+}
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query::<i64>(&mut server.connection())
+        .map(|n| n == 1)
+        .unwrap_or(false)
+}
+
+/// Waits (bounded) until `key` shows up in Redis: the limiter writes to
+/// Redis again. Returns how long that took.
+async fn until_in_redis(
+    server: &RedisServer,
+    limiter: &RateLimiter,
+    rule: &Rule,
+    key: &str,
+) -> Duration {
+    let started = Instant::now();
+    while !exists(server, key) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the limiter never went back to Redis"
+        );
+        let _ = limiter.check(rule, key).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_hangs_no_call_and_each_policy_does_what_it_says() {
+    let server = RedisServer::start();
+    let local = limiter(server.url(), OnError::Local).await;
+    let allow = limiter(server.url(), OnError::Allow).await;
+    let deny = limiter(server.url(), OnError::Deny).await;
+    let rule = Rule::fixed_window(2, Duration::from_secs(60));
+    for (i, l) in [&local, &allow, &deny].into_iter().enumerate() {
+        assert!(
+            l.check(&rule, &format!("limiter:before:{i}"))
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+
+    server.pause();
+    // local: the same rule, in process memory.
+    let outcomes: Vec<bool> = {
+        let mut out = Vec::new();
+        for _ in 0..4 {
+            out.push(
+                timed(local.check(&rule, "limiter:paused"))
+                    .await
+                    .unwrap()
+                    .allowed,
+            );
+        }
+        out
+    };
+    assert_eq!(outcomes, [true, true, false, false]);
+    // allow: everything through.
+    for _ in 0..4 {
+        assert!(
+            timed(allow.check(&rule, "limiter:paused"))
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    // deny: refused, as a backend failure (not "over the limit").
+    for _ in 0..4 {
+        let error = timed(deny.check(&rule, "limiter:paused"))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, Error::Backend(_)), "{error}");
+    }
+
+    server.resume();
+    for l in [&local, &allow, &deny] {
+        let back = until_in_redis(&server, l, &rule, "limiter:after").await;
+        eprintln!("back on Redis {back:?} after SIGCONT");
+        assert!(
+            back < Duration::from_secs(1),
+            "back on Redis after {back:?}"
+        );
+        redis::cmd("DEL")
+            .arg("limiter:after")
+            .query::<()>(&mut server.connection())
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_and_restarted_under_load_no_call_hangs_and_redis_is_used_again() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(server.url(), OnError::Local).await;
+    // Never refuses here, and its state lives a minute (so it shows in Redis).
+    let rule = Rule::fixed_window(1_000_000, Duration::from_secs(60));
+    let stop = Arc::new(AtomicBool::new(false));
+    let slowest_ms = Arc::new(AtomicU64::new(0));
+    let calls = Arc::new(AtomicU64::new(0));
+    let load: Vec<_> = (0..8)
+        .map(|task| {
+            let (limiter, stop, slowest_ms, calls) = (
+                limiter.clone(),
+                stop.clone(),
+                slowest_ms.clone(),
+                calls.clone(),
+            );
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let decision = limiter.check(&rule, &format!("limiter:load:{task}")).await;
+                    assert!(decision.expect("local policy: always an answer").allowed);
+                    slowest_ms.fetch_max(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        })
+        .collect();
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.kill();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let during_outage = calls.load(Ordering::Relaxed);
+    server.restart();
+    let back = until_in_redis(&server, &limiter, &rule, "limiter:load:0").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        task.await.expect("no task panicked");
+    }
+    eprintln!(
+        "back on Redis {back:?} after the restart; slowest call {:?}",
+        Duration::from_millis(slowest_ms.load(Ordering::Relaxed))
+    );
+    assert!(
+        back < Duration::from_secs(1),
+        "back on Redis {back:?} after it restarted"
+    );
+    assert!(
+        calls.load(Ordering::Relaxed) > during_outage,
+        "calls went on"
+    );
+    let slowest = Duration::from_millis(slowest_ms.load(Ordering::Relaxed));
+    assert!(
+        slowest < Duration::from_secs(1),
+        "the slowest call took {slowest:?}"
+    );
+    server.assert_all_keys_expire("limiter:*");
+}
+
+/// A TCP server that accepts connections and reads, but never answers.
+fn silent_server() -> std::net::SocketAddr {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut stream = stream;
+                let mut sink = [0u8; 1024];
+                while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_never_answers_costs_a_deadline_not_a_hang() {
+    let addr = silent_server();
+    let url = format!("redis://{addr}/");
+    let started = Instant::now();
+    let refused = RateLimiter::builder()
+        .redis(url.as_str())
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .await;
+    assert!(matches!(refused, Err(Error::Backend(_))), "{refused:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "build took {:?}",
+        started.elapsed()
+    );
+
+    let limiter = RateLimiter::builder()
+        .redis(url.as_str())
+        .connect_timeout(Duration::from_millis(300))
+        .timeout(DEADLINE)
+        .probe_interval(Duration::from_millis(250))
+        .start_degraded(true)
+        .build()
+        .await
+        .expect("a degraded start");
+    let rule = Rule::sliding_log(5, Duration::from_secs(60));
+    let started = Instant::now();
+    let mut allowed = 0;
+    for _ in 0..40 {
+        if timed(limiter.check(&rule, "limiter:silent"))
+            .await
+            .unwrap()
+            .allowed
+        {
+            allowed += 1;
+        }
+    }
+    assert_eq!(
+        allowed, 5,
+        "the local insurance enforces the rule meanwhile"
+    );
+    // Without the circuit breaker, 40 checks would wait 40 deadlines (4 s).
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the breaker did not stop the waiting: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_degraded_start_goes_to_redis_once_it_is_there() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.kill();
+    let limiter = RateLimiter::builder()
+        .redis(url)
+        .connect_timeout(Duration::from_millis(200))
+        .timeout(DEADLINE)
+        .probe_interval(Duration::from_millis(100))
+        .start_degraded(true)
+        .build()
+        .await
+        .expect("starts without Redis");
+    let rule = Rule::token_bucket(10, Duration::from_secs(1));
+    assert!(
+        timed(limiter.check(&rule, "limiter:late"))
+            .await
+            .unwrap()
+            .allowed
+    );
+    server.restart();
+    let back = until_in_redis(&server, &limiter, &rule, "limiter:late").await;
+    eprintln!("on Redis {back:?} after it started");
+    assert!(
+        back < Duration::from_secs(1),
+        "on Redis {back:?} after it started"
+    );
+}
+
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.connection())
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_over_limit_cache_refuses_locally_until_the_time_redis_named() {
+    let server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(2))
+        .over_limit_cache(true)
+        .build()
+        .await
+        .unwrap();
+    let rule = Rule::fixed_window(2, Duration::from_millis(1500));
+    assert!(limiter.check(&rule, "limiter:flood").await.unwrap().allowed);
+    assert!(limiter.check(&rule, "limiter:flood").await.unwrap().allowed);
+    let refused = limiter.check(&rule, "limiter:flood").await.unwrap();
+    assert!(!refused.allowed);
+    let before = evalsha_calls(&server);
+    for _ in 0..50 {
+        let local = limiter.check(&rule, "limiter:flood").await.unwrap();
+        assert!(!local.allowed);
+        assert!(local.retry_after <= refused.retry_after);
+    }
+    assert_eq!(
+        evalsha_calls(&server),
+        before,
+        "50 refusals without a round trip"
+    );
+    // Other keys still go to Redis.
+    assert!(limiter.check(&rule, "limiter:calm").await.unwrap().allowed);
+    assert_eq!(evalsha_calls(&server), before + 1);
+    // Past the time Redis named, Redis decides again (and allows).
+    tokio::time::sleep(refused.retry_after + Duration::from_millis(20)).await;
+    assert!(limiter.check(&rule, "limiter:flood").await.unwrap().allowed);
+    assert_eq!(evalsha_calls(&server), before + 2);
+}
