@@ -45,6 +45,19 @@ async fn limit_test4() -> impl Responder {
     "limitTest4: ok\n"
 }
 
+/// For the HTTP benchmark: the same handler with a limit it never reaches
+/// (a billion a second) and without the attribute.
+#[rate_limit(key = "bench", period = 1, count = 1_000_000_000)]
+#[get("/bench/limited")]
+async fn bench_limited() -> impl Responder {
+    "ok\n"
+}
+
+#[get("/bench/plain")]
+async fn bench_plain() -> impl Responder {
+    "ok\n"
+}
+
 async fn try_again_later(limited: RateLimited) -> impl Responder {
     HttpResponse::TooManyRequests()
         .insert_header(("retry-after", limited.retry_after_secs().to_string()))
@@ -85,6 +98,8 @@ async fn main() -> std::io::Result<()> {
             .service(limit_test2)
             .service(limit_test3)
             .service(limit_test4)
+            .service(bench_limited)
+            .service(bench_plain)
             .default_service(web::to(|| async {
                 HttpResponse::NotFound().body("not found\n")
             }))

@@ -83,7 +83,16 @@ impl RedisServer {
         let dir =
             std::env::temp_dir().join(format!("ratelimit-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let child = Command::new(redis_server_bin())
+        // RATELIMIT_REDIS_CPUS pins the server (benchmarks): taskset -c CPUS.
+        let mut command = match std::env::var("RATELIMIT_REDIS_CPUS") {
+            Ok(cpus) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", &cpus]).arg(redis_server_bin());
+                c
+            }
+            Err(_) => Command::new(redis_server_bin()),
+        };
+        let child = command
             .args(["--port", &port.to_string()])
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])

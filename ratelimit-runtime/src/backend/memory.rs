@@ -1,9 +1,10 @@
 //! The in-process store: the embedded default, and the insurance limiter
 //! while Redis is unavailable.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use hashbrown::HashTable;
 
 use super::Backend;
 use crate::algorithm::{self, State};
@@ -45,7 +46,9 @@ pub struct MemoryBackend {
 #[derive(Debug)]
 struct Inner {
     shards: Box<[Shard]>,
-    hasher: RandomState,
+    /// Seeded per store: callers choose keys, so the hash must not be
+    /// predictable (flooding one bucket).
+    hasher: foldhash::fast::RandomState,
     clock: Box<dyn Clock>,
 }
 
@@ -58,15 +61,53 @@ struct Shard {
 
 #[derive(Debug)]
 struct ShardMap {
-    entries: HashMap<Box<str>, Slot>,
+    /// Keyed by the one hash computed per call (it also picked the shard).
+    entries: HashTable<Entry>,
     sweep_at: usize,
 }
 
 impl Default for ShardMap {
     fn default() -> Self {
         ShardMap {
-            entries: HashMap::new(),
+            entries: HashTable::new(),
             sweep_at: MIN_SWEEP_LEN,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    hash: u64,
+    key: StoredKey,
+    slot: Slot,
+}
+
+/// A key, in the entry itself when short (most are), so a lookup does not
+/// chase a pointer.
+#[derive(Debug)]
+enum StoredKey {
+    Inline(u8, [u8; INLINE_KEY]),
+    Heap(Box<str>),
+}
+
+const INLINE_KEY: usize = 30;
+
+impl StoredKey {
+    fn new(key: &str) -> StoredKey {
+        let bytes = key.as_bytes();
+        if bytes.len() <= INLINE_KEY {
+            let mut inline = [0; INLINE_KEY];
+            inline[..bytes.len()].copy_from_slice(bytes);
+            StoredKey::Inline(bytes.len() as u8, inline)
+        } else {
+            StoredKey::Heap(key.into())
+        }
+    }
+
+    fn is(&self, key: &str) -> bool {
+        match self {
+            StoredKey::Inline(len, bytes) => &bytes[..usize::from(*len)] == key.as_bytes(),
+            StoredKey::Heap(stored) => **stored == *key,
         }
     }
 }
@@ -93,7 +134,7 @@ impl MemoryBackend {
         MemoryBackend {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-                hasher: RandomState::new(),
+                hasher: foldhash::fast::RandomState::default(),
                 clock,
             }),
         }
@@ -119,8 +160,9 @@ impl MemoryBackend {
 
     /// Gives back lease `id` of a concurrency rule.
     pub(crate) fn release_now(&self, key: &str, id: u64) {
-        if let Some(slot) = self.shard(key).entries.get_mut(key) {
-            algorithm::release(&mut slot.state, id);
+        let hash = self.inner.hasher.hash_one(key);
+        if let Some(entry) = self.shard(hash).entries.find_mut(hash, |e| e.key.is(key)) {
+            algorithm::release(&mut entry.slot.state, id);
         }
     }
 
@@ -131,9 +173,10 @@ impl MemoryBackend {
         step: impl FnOnce(&mut Option<State>, u64) -> algorithm::Outcome,
     ) -> Decision {
         let now = u64::try_from(self.inner.clock.now().as_micros()).unwrap_or(u64::MAX);
-        let mut shard = self.shard(key);
-        let outcome = match shard.entries.get_mut(key) {
-            Some(slot) => {
+        let hash = self.inner.hasher.hash_one(key);
+        let mut shard = self.shard(hash);
+        let outcome = match shard.entries.find_mut(hash, |e| e.key.is(key)) {
+            Some(Entry { slot, .. }) => {
                 let outcome = step(&mut slot.state, now);
                 if let Some(state) = &slot.state {
                     slot.expires_at = state.expires_at(rule);
@@ -145,15 +188,15 @@ impl MemoryBackend {
                 let outcome = step(&mut state, now);
                 if let Some(state) = state.filter(|s| s.expires_at(rule) > now) {
                     let expires_at = state.expires_at(rule);
-                    insert(
-                        &mut shard,
-                        key,
-                        Slot {
+                    let entry = Entry {
+                        hash,
+                        key: StoredKey::new(key),
+                        slot: Slot {
                             state: Some(state),
                             expires_at,
                         },
-                        now,
-                    );
+                    };
+                    insert(&mut shard, entry, now);
                 }
                 outcome
             }
@@ -175,9 +218,9 @@ impl MemoryBackend {
         self.len() == 0
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, ShardMap> {
-        let index = self.inner.hasher.hash_one(key) as usize % SHARDS;
-        lock(&self.inner.shards[index])
+    /// The shard of a key's hash (its top bits: the table uses the low ones).
+    fn shard(&self, hash: u64) -> MutexGuard<'_, ShardMap> {
+        lock(&self.inner.shards[(hash >> 58) as usize % SHARDS])
     }
 }
 
@@ -215,12 +258,12 @@ fn lock(shard: &Shard) -> MutexGuard<'_, ShardMap> {
     shard.map.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn insert(shard: &mut ShardMap, key: &str, slot: Slot, now: u64) {
+fn insert(shard: &mut ShardMap, entry: Entry, now: u64) {
     if shard.entries.len() >= shard.sweep_at {
-        shard.entries.retain(|_, s| s.expires_at > now);
+        shard.entries.retain(|e| e.slot.expires_at > now);
         shard.sweep_at = (shard.entries.len() * 2).max(MIN_SWEEP_LEN);
     }
-    shard.entries.insert(key.into(), slot);
+    shard.entries.insert_unique(entry.hash, entry, |e| e.hash);
 }
 
 #[cfg(test)]
@@ -308,6 +351,22 @@ mod tests {
                 per_round
             );
         }
+    }
+
+    #[test]
+    fn short_and_long_keys_are_told_apart() {
+        let store = MemoryBackend::with_clock(ManualClock::new());
+        let r = rule(1, 1000);
+        let keys: Vec<String> = (INLINE_KEY - 2..INLINE_KEY + 3)
+            .map(|n| "k".repeat(n))
+            .collect();
+        for key in &keys {
+            assert!(store.check_now(&r, key, 1).allowed, "{} bytes", key.len());
+        }
+        for key in &keys {
+            assert!(!store.check_now(&r, key, 1).allowed, "{} bytes", key.len());
+        }
+        assert_eq!(store.len(), keys.len());
     }
 
     #[test]

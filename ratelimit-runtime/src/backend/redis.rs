@@ -128,6 +128,13 @@ impl Scripts {
     }
 }
 
+/// The Lua source of an algorithm's script (for benchmarks that call it
+/// without the limiter around it).
+#[doc(hidden)]
+pub fn lua_source(algorithm: Algorithm) -> &'static str {
+    source(algorithm)
+}
+
 /// The Lua source of an algorithm's script.
 pub(crate) fn source(algorithm: Algorithm) -> &'static str {
     match algorithm {

@@ -1,0 +1,402 @@
+//! Throughput against Redis: every algorithm at several concurrencies over
+//! 1,000 keys, next to the raw floor (the same Lua script called with
+//! redis-rs directly) and the Rust peers (actix-extensible-rate-limit's Redis
+//! backend, actix-limitation), in one run on a redis-server this starts.
+//!
+//! ```text
+//! cargo bench --bench load                                   # single node, everything
+//! cargo bench --bench load -- --cluster                      # also a local 3-master cluster
+//! cargo bench --bench load -- --duration-ms 500 --algorithms fixed_window,gcra --concurrency 1,64
+//! cargo bench --bench load -- --no-baselines --no-single     # only what is asked
+//! ```
+//!
+//! Each run prints one JSON line: `{"backend", "algorithm", "concurrency",
+//! "ops", "ops_per_sec", "p50_us", "p99_us", "redis_usec_per_call"}`, the
+//! last from `INFO commandstats`: the server's own CPU time per check, all
+//! the commands a check takes together (one EVALSHA for us; a MULTI/EXEC
+//! pipeline for the peers). For `concurrency` an op is acquire + release. Set `RATELIMIT_REDIS_CPUS=1` to run
+//! redis-server pinned to core 1 (with `taskset`), and start the bench itself
+//! under `taskset -c 0` to give each side its own core.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix_extensible_rate_limit::backend::{Backend as _, SimpleInput};
+use ratelimit_runtime::{Algorithm, RateLimiter, Rule};
+use ratelimit_workspace::{RedisCluster, RedisServer};
+
+const KEYS: usize = 1_000;
+
+struct Options {
+    duration: Duration,
+    algorithms: Vec<Algorithm>,
+    concurrency: Vec<usize>,
+    single: bool,
+    cluster: bool,
+    baselines: bool,
+}
+
+fn options() -> Options {
+    let mut options = Options {
+        duration: Duration::from_millis(2000),
+        algorithms: Algorithm::ALL.to_vec(),
+        concurrency: vec![1, 16, 64, 256],
+        single: true,
+        cluster: false,
+        baselines: true,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
+        match arg.as_str() {
+            "--duration-ms" => {
+                options.duration = Duration::from_millis(value().parse().expect("milliseconds"))
+            }
+            "--algorithms" => {
+                options.algorithms = value()
+                    .split(',')
+                    .map(|name| {
+                        *Algorithm::ALL
+                            .iter()
+                            .find(|a| a.name() == name)
+                            .unwrap_or_else(|| panic!("unknown algorithm {name}"))
+                    })
+                    .collect()
+            }
+            "--concurrency" => {
+                options.concurrency = value()
+                    .split(',')
+                    .map(|n| n.parse().expect("a number"))
+                    .collect()
+            }
+            "--cluster" => options.cluster = true,
+            "--no-single" => options.single = false,
+            "--no-baselines" => options.baselines = false,
+            // cargo bench passes --bench; criterion-style filters are ignored.
+            _ => {}
+        }
+    }
+    options
+}
+
+/// A rule that never refuses in a run, so every call is a full
+/// check-and-consume (a write).
+fn rule(algorithm: Algorithm) -> Rule {
+    match algorithm {
+        // Small windows keep the sliding log's sets short, as in real use.
+        Algorithm::SlidingLog => Rule::new(algorithm, 1_000_000_000, Duration::from_millis(10)),
+        _ => Rule::new(algorithm, 1_000_000_000, Duration::from_secs(1)),
+    }
+}
+
+/// What one run measured.
+struct Run {
+    ops: u64,
+    elapsed: Duration,
+    latencies_us: Vec<u32>,
+}
+
+/// Runs `call(task, n)` from `concurrency` tasks for `duration`.
+async fn drive<F, Fut>(concurrency: usize, duration: Duration, call: F) -> Run
+where
+    F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let call = Arc::new(call);
+    let start = Instant::now();
+    let deadline = start + duration;
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|task| {
+            let call = Arc::clone(&call);
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(4096);
+                let mut n = 0;
+                while Instant::now() < deadline {
+                    let started = Instant::now();
+                    call(task, n).await;
+                    latencies.push(started.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                    n += 1;
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies_us = Vec::new();
+    for task in tasks {
+        latencies_us.extend(task.await.expect("a load task"));
+    }
+    Run {
+        ops: latencies_us.len() as u64,
+        elapsed: start.elapsed(),
+        latencies_us,
+    }
+}
+
+fn key(task: usize, n: usize) -> String {
+    format!("limiter:load:{}", (task * 7919 + n) % KEYS)
+}
+
+/// The Redis side: where to reset and read command stats.
+enum Server {
+    Single(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Server {
+    fn nodes(&self) -> Vec<&RedisServer> {
+        match self {
+            Server::Single(server) => vec![server],
+            Server::Cluster(cluster) => cluster.nodes.iter().collect(),
+        }
+    }
+
+    fn reset_stats(&self) {
+        for node in self.nodes() {
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query(&mut node.connection())
+                .expect("CONFIG RESETSTAT");
+        }
+    }
+
+    /// The server's CPU time, in µs, over all nodes and all commands the
+    /// client sent (a script's inner commands are in the script's time).
+    fn usec_total(&self) -> f64 {
+        let mut usec = 0.0;
+        for node in self.nodes() {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query(&mut node.connection())
+                .expect("INFO commandstats");
+            for line in info.lines().filter(|l| l.starts_with("cmdstat_")) {
+                let name = line.split(':').next().unwrap_or_default();
+                // Bookkeeping of the bench itself, not of the limiter.
+                if matches!(
+                    name,
+                    "cmdstat_info"
+                        | "cmdstat_config"
+                        | "cmdstat_ping"
+                        | "cmdstat_client"
+                        | "cmdstat_cluster"
+                        | "cmdstat_script"
+                        | "cmdstat_hello"
+                        | "cmdstat_keys"
+                        | "cmdstat_flushall"
+                ) {
+                    continue;
+                }
+                let field = |key: &str| {
+                    line.split(&[':', ','][..])
+                        .find_map(|kv| kv.strip_prefix(key))
+                        .and_then(|v| v.parse::<f64>().ok())
+                        .unwrap_or(0.0)
+                };
+                usec += field("usec=");
+            }
+        }
+        usec
+    }
+
+    fn flush(&self) {
+        for node in self.nodes() {
+            let _ = redis::cmd("FLUSHALL").query::<()>(&mut node.connection());
+        }
+    }
+}
+
+/// One JSON line; `redis_usec_per_call` is the server's CPU time per check
+/// (whatever commands a check takes).
+fn report(backend: &str, algorithm: &str, concurrency: usize, mut run: Run, usec_total: f64) {
+    let usec_per_call = if run.ops == 0 {
+        0.0
+    } else {
+        usec_total / run.ops as f64
+    };
+    run.latencies_us.sort_unstable();
+    let percentile = |p: f64| {
+        let i = ((run.latencies_us.len() as f64 - 1.0) * p).round() as usize;
+        run.latencies_us.get(i).copied().unwrap_or(0)
+    };
+    println!(
+        "{{\"backend\":\"{backend}\",\"algorithm\":\"{algorithm}\",\"concurrency\":{concurrency},\
+         \"ops\":{},\"ops_per_sec\":{:.0},\"p50_us\":{},\"p99_us\":{},\"redis_usec_per_call\":{:.2}}}",
+        run.ops,
+        run.ops as f64 / run.elapsed.as_secs_f64(),
+        percentile(0.50),
+        percentile(0.99),
+        usec_per_call,
+    );
+}
+
+async fn ours(server: &Server, name: &str, limiter: RateLimiter, options: &Options) {
+    for &algorithm in &options.algorithms {
+        let rule = rule(algorithm);
+        for &concurrency in &options.concurrency {
+            server.flush();
+            server.reset_stats();
+            let limiter = limiter.clone();
+            let run = drive(concurrency, options.duration, move |task, n| {
+                let limiter = limiter.clone();
+                async move {
+                    let key = key(task, n);
+                    let permit = limiter.acquire(&rule, &key, 1).await.expect("a decision");
+                    assert!(permit.decision().allowed, "the bench rule never refuses");
+                    permit.release().await.expect("released");
+                }
+            })
+            .await;
+            report(
+                name,
+                algorithm.name(),
+                concurrency,
+                run,
+                server.usec_total(),
+            );
+        }
+    }
+}
+
+/// The floor: the same script, called with redis-rs directly (one
+/// multiplexed connection, `Script::invoke_async`), no framework around it.
+async fn raw_floor(server: &Server, url: &str, options: &Options) {
+    let client = redis::Client::open(url).unwrap();
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    for &algorithm in &options.algorithms {
+        if algorithm == Algorithm::Concurrency {
+            continue; // a lease needs its release too: no single-script floor
+        }
+        let rule = rule(algorithm);
+        let script = Arc::new(redis::Script::new(
+            ratelimit_runtime::backend::redis::lua_source(algorithm),
+        ));
+        for &concurrency in &options.concurrency {
+            server.flush();
+            server.reset_stats();
+            let (conn, script) = (conn.clone(), Arc::clone(&script));
+            let run = drive(concurrency, options.duration, move |task, n| {
+                let (mut conn, script) = (conn.clone(), Arc::clone(&script));
+                async move {
+                    let reply: Vec<i64> = script
+                        .key(key(task, n))
+                        .arg(rule.count())
+                        .arg(rule.burst())
+                        .arg(rule.period().as_micros() as u64)
+                        .arg(1)
+                        .arg("")
+                        .invoke_async(&mut conn)
+                        .await
+                        .expect("the script runs");
+                    assert_eq!(reply[0], 1);
+                }
+            })
+            .await;
+            report(
+                "redis-rs-raw",
+                algorithm.name(),
+                concurrency,
+                run,
+                server.usec_total(),
+            );
+        }
+    }
+}
+
+async fn peers(server: &Server, url: &str, options: &Options) {
+    let client = redis026::Client::open(url).unwrap();
+    let manager = client.get_connection_manager().await.unwrap();
+    let extensible =
+        actix_extensible_rate_limit::backend::redis::RedisBackend::builder(manager).build();
+    for &concurrency in &options.concurrency {
+        server.flush();
+        server.reset_stats();
+        let backend = extensible.clone();
+        let run = drive(concurrency, options.duration, move |task, n| {
+            let backend = backend.clone();
+            async move {
+                let input = SimpleInput {
+                    interval: Duration::from_secs(1),
+                    max_requests: 1_000_000_000,
+                    key: key(task, n),
+                };
+                let (decision, _, _) = backend.request(input).await.expect("a decision");
+                assert!(decision.is_allowed());
+            }
+        })
+        .await;
+        report(
+            "actix-extensible-rate-limit",
+            "fixed_window",
+            concurrency,
+            run,
+            server.usec_total(),
+        );
+    }
+
+    let limitation = Arc::new(
+        actix_limitation::Limiter::builder(url)
+            .limit(1_000_000_000)
+            .period(Duration::from_secs(1))
+            .build()
+            .unwrap(),
+    );
+    for &concurrency in &options.concurrency {
+        server.flush();
+        server.reset_stats();
+        let limiter = Arc::clone(&limitation);
+        let run = drive(concurrency, options.duration, move |task, n| {
+            let limiter = Arc::clone(&limiter);
+            async move {
+                limiter.count(key(task, n)).await.expect("counted");
+            }
+        })
+        .await;
+        report(
+            "actix-limitation",
+            "fixed_window",
+            concurrency,
+            run,
+            server.usec_total(),
+        );
+    }
+}
+
+fn main() {
+    let options = options();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        if options.single {
+            let server = Server::Single(RedisServer::start());
+            let url = match &server {
+                Server::Single(s) => s.url(),
+                Server::Cluster(_) => unreachable!(),
+            };
+            let limiter = RateLimiter::builder()
+                .redis(url.as_str())
+                .timeout(Duration::from_secs(5))
+                .build()
+                .await
+                .expect("connecting");
+            ours(&server, "ratelimit", limiter, &options).await;
+            if options.baselines {
+                raw_floor(&server, &url, &options).await;
+                peers(&server, &url, &options).await;
+            }
+        }
+        if options.cluster {
+            let cluster = RedisCluster::start();
+            let urls = cluster.urls();
+            let server = Server::Cluster(cluster);
+            let limiter = RateLimiter::builder()
+                .redis_cluster(urls)
+                .timeout(Duration::from_secs(5))
+                .build()
+                .await
+                .expect("connecting to the cluster");
+            ours(&server, "ratelimit-cluster", limiter, &options).await;
+        }
+    });
+}

@@ -1,0 +1,138 @@
+//! The in-memory backend, per check, next to governor's keyed limiter
+//! (`String` keys) on the same inputs.
+//!
+//! `cargo bench --bench memory`
+//!
+//! - `single_key`: one key, one thread.
+//! - `100k_keys`: 100,000 distinct keys in turn, one thread.
+//! - `100k_keys_2_threads`: the same on 2 threads at once (each half the
+//!   keys); the time per check is wall time over both, so a lower number than
+//!   the 1-thread one means throughput grows.
+//!
+//! The rule never refuses (a very high count, a 1 ms window), so every check
+//! is the full check-and-consume.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use governor::{DefaultKeyedRateLimiter, Quota};
+use ratelimit_runtime::backend::memory::MemoryBackend;
+use ratelimit_runtime::{Algorithm, RateLimiter, Rule};
+
+const KEYS: usize = 100_000;
+
+fn keys() -> Vec<String> {
+    (0..KEYS).map(|i| format!("limiter:user:{i}")).collect()
+}
+
+fn rule(algorithm: Algorithm) -> Rule {
+    Rule::new(algorithm, 1_000_000_000, Duration::from_millis(1))
+}
+
+fn governor() -> DefaultKeyedRateLimiter<String> {
+    governor::RateLimiter::keyed(Quota::per_second(NonZeroU32::MAX))
+}
+
+/// The memory backend never waits: one poll finishes a call.
+fn ready<F: Future>(future: F) -> F::Output {
+    let mut future = pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(output) => output,
+        Poll::Pending => unreachable!("the in-memory limiter does not wait"),
+    }
+}
+
+/// One check-and-consume of our limiter (a concurrency rule takes and
+/// releases its lease, as a call does).
+fn ours(store: &MemoryBackend, limiter: &RateLimiter, rule: &Rule, key: &str) {
+    if rule.algorithm() == Algorithm::Concurrency {
+        let permit = ready(limiter.acquire(rule, key, 1)).unwrap();
+        black_box(permit.decision().allowed);
+    } else {
+        black_box(store.check_now(rule, key, 1).allowed);
+    }
+}
+
+/// Runs `iters` checks on `threads` threads, `step` for check `i` of a thread.
+fn spread(iters: u64, threads: usize, step: impl Fn(usize, u64) + Sync) -> Duration {
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let step = &step;
+            s.spawn(move || {
+                for i in 0..iters / threads as u64 {
+                    step(t, i);
+                }
+            });
+        }
+    });
+    start.elapsed()
+}
+
+fn benches(c: &mut Criterion) {
+    let keys = Arc::new(keys());
+    let mut group = c.benchmark_group("memory");
+    for algorithm in Algorithm::ALL {
+        let rule = rule(algorithm);
+        let limiter = RateLimiter::in_memory();
+        let store = MemoryBackend::new();
+        group.bench_function(BenchmarkId::new("single_key", algorithm.name()), |b| {
+            b.iter(|| ours(&store, &limiter, &rule, "limiter:user:1"))
+        });
+        let mut i = 0;
+        group.bench_function(BenchmarkId::new("100k_keys", algorithm.name()), |b| {
+            b.iter(|| {
+                i = (i + 1) % KEYS;
+                ours(&store, &limiter, &rule, &keys[i]);
+            })
+        });
+        group.bench_function(
+            BenchmarkId::new("100k_keys_2_threads", algorithm.name()),
+            |b| {
+                b.iter_custom(|iters| {
+                    spread(iters, 2, |t, i| {
+                        let key = &keys[(t * KEYS / 2) + (i as usize % (KEYS / 2))];
+                        ours(&store, &limiter, &rule, key);
+                    })
+                })
+            },
+        );
+    }
+    let gov = governor();
+    group.bench_function(BenchmarkId::new("single_key", "governor"), |b| {
+        let key = "limiter:user:1".to_owned();
+        b.iter(|| black_box(gov.check_key(&key).is_ok()))
+    });
+    let mut i = 0;
+    group.bench_function(BenchmarkId::new("100k_keys", "governor"), |b| {
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(gov.check_key(&keys[i]).is_ok())
+        })
+    });
+    group.bench_function(BenchmarkId::new("100k_keys_2_threads", "governor"), |b| {
+        b.iter_custom(|iters| {
+            spread(iters, 2, |t, i| {
+                let key = &keys[(t * KEYS / 2) + (i as usize % (KEYS / 2))];
+                black_box(gov.check_key(key).is_ok());
+            })
+        })
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = memory;
+    config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(2));
+    targets = benches
+}
+criterion_main!(memory);
