@@ -1,0 +1,72 @@
+//! Key parts that come from callers (parameters rendered into `{param}`,
+//! `arg(..)`, header values, closure keys) are untrusted: they are kept as
+//! they are only when short and made of safe characters, and replaced by a
+//! digest otherwise. So no caller can make a key long (Redis memory, our
+//! memory), reach outside its place in the key (`:`), touch a Redis Cluster
+//! hash tag (`{`, `}`), a glob (`*`, `?`, `[`, `]`), or whitespace and
+//! control characters. Keys reach Lua as data (`KEYS[1]`), never as code.
+
+use std::fmt::{self, Write as _};
+
+/// The longest part kept as it is.
+pub const MAX_PART: usize = 64;
+
+/// Bytes a part may hold and still be kept as it is. Not `:` (our
+/// separator), `{` `}` (hash tags), `*` `?` `[` `]` (globs), `~` (marks a
+/// digest), whitespace, controls, or anything outside ASCII.
+fn is_safe(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-_.@+=/!$%&()',;^|".contains(&b)
+}
+
+/// Appends `part` to `out`: as it is if short and safe, else `~` and 32 hex
+/// digits of its SHA-1 (the same on every instance, so a shared Redis agrees;
+/// `~` never appears in a kept part, so the two cannot collide).
+pub fn push_part(out: &mut String, part: &str) {
+    if part.len() <= MAX_PART && part.bytes().all(is_safe) {
+        out.push_str(part);
+        return;
+    }
+    let digest = sha1_smol::Sha1::from(part.as_bytes()).digest().bytes();
+    out.push('~');
+    for byte in &digest[..16] {
+        let _ = write!(out, "{byte:02x}");
+    }
+}
+
+/// Renders a value with `Display`, then as [`push_part`] would: what
+/// `#[rate_limit]` puts in a key for a `{param}`.
+#[derive(Debug)]
+pub struct Safe<T>(pub T);
+
+impl<T: fmt::Display> fmt::Display for Safe<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rendered = self.0.to_string();
+        let mut out = String::with_capacity(rendered.len().min(MAX_PART + 1));
+        push_part(&mut out, &rendered);
+        f.write_str(&out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(text: &str) -> String {
+        let mut out = String::new();
+        push_part(&mut out, text);
+        out
+    }
+
+    #[test]
+    fn short_safe_parts_stay_and_the_rest_is_digested() {
+        assert_eq!(part("alice"), "alice");
+        assert_eq!(part("user-42_x.y@z"), "user-42_x.y@z");
+        for hostile in ["a:b", "{tag}", "a*", "line\nbreak", "sp ace", "é", "~x", &"x".repeat(65)] {
+            let out = part(hostile);
+            assert!(out.starts_with('~') && out.len() == 33, "{hostile:?} -> {out}");
+        }
+        assert_ne!(part("a:b"), part("a:c"));
+        assert_eq!(part("a:b"), part("a:b"), "stable across calls and instances");
+        assert_eq!(part(""), "");
+    }
+}

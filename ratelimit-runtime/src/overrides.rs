@@ -1,0 +1,262 @@
+//! Rules changed by name, at start-up or while running, without a restart
+//! and without losing state (the keys stay the same, so counts carry over).
+//!
+//! Every `#[rate_limit]` rule has a name: its `key` as written (or the fn's
+//! name when it has no key); a [`RateLimit`](crate::RateLimit) middleware's
+//! is its `.key(..)`. `count`, `period`, `burst` and `shadow` can be set:
+//!
+//! - from the environment: `RATELIMIT_OVERRIDES="ip_limit_test.count=10; search.period=1m; search.shadow=true"`
+//!   ([`load_env`]);
+//! - from a TOML file ([`load_toml`]):
+//!
+//!   ```toml
+//!   [rules.ip_limit_test]
+//!   count = 10
+//!   period = "1m"      # or whole seconds: 60
+//!
+//!   [rules."login:{user}"]
+//!   shadow = true
+//!   ```
+//! - from code, at any time: [`set`], [`clear`].
+//!
+//! An override naming no rule, or with a value the rule cannot take, is an
+//! [`Error::Config`] that says which and why, and changes nothing.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{PoisonError, RwLock};
+use std::time::Duration;
+
+use crate::{Error, Rule};
+
+/// What to change of a rule; `None` keeps the rule's own value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleOverride {
+    /// Units per period.
+    pub count: Option<u64>,
+    /// The window (lease length for `concurrency`).
+    pub period: Option<Duration>,
+    /// The bucket of `token_bucket` / `gcra`.
+    pub burst: Option<u64>,
+    /// Check and record, never refuse.
+    pub shadow: Option<bool>,
+}
+
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+static TABLE: RwLock<Vec<(String, RuleOverride)>> = RwLock::new(Vec::new());
+/// Rules known by name besides the attribute's (middleware), with their rule.
+static REGISTERED: RwLock<Vec<(String, Rule)>> = RwLock::new(Vec::new());
+
+/// Makes a rule known by name (the middleware does, when built).
+pub(crate) fn register(name: &str, rule: Rule) {
+    let mut registered = REGISTERED.write().unwrap_or_else(PoisonError::into_inner);
+    if !registered.iter().any(|(n, _)| n == name) {
+        registered.push((name.to_owned(), rule));
+    }
+}
+
+/// The rule named `name` as written in the code.
+fn base_rule(name: &str) -> Option<Rule> {
+    #[cfg(feature = "macros")]
+    if let Some(site) = crate::__private::SITES.iter().find(|s| s.name() == name) {
+        return Some(*site.rule());
+    }
+    REGISTERED
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, rule)| *rule)
+}
+
+/// The names of every rule an override can name.
+pub fn rule_names() -> Vec<String> {
+    let mut names = BTreeSet::new();
+    #[cfg(feature = "macros")]
+    names.extend(crate::__private::SITES.iter().map(|s| s.name().to_owned()));
+    names.extend(
+        REGISTERED
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(n, _)| n.clone()),
+    );
+    names.into_iter().collect()
+}
+
+fn apply(base: &Rule, change: &RuleOverride) -> Result<Rule, String> {
+    let count = change.count.unwrap_or(base.count());
+    let period = change.period.unwrap_or(base.period());
+    let burst = change.burst.unwrap_or(if change.count.is_some() && base.burst() == base.count() {
+        count
+    } else {
+        base.burst()
+    });
+    if change.burst.is_some() && !base.algorithm().has_burst() {
+        return Err(format!("`burst` applies to token_bucket and gcra; this rule is {}", base.algorithm().name()));
+    }
+    Rule::try_new(base.algorithm(), count, period, burst)
+}
+
+/// Sets (or replaces) the override of rule `name`, effective for the next call.
+///
+/// # Errors
+///
+/// [`Error::Config`] if no rule has that name or the values do not make a
+/// valid rule.
+pub fn set(name: &str, change: RuleOverride) -> Result<(), Error> {
+    let base = base_rule(name).ok_or_else(|| {
+        Error::Config(format!(
+            "override for `{name}`: no rule has that name (rules: {})",
+            rule_names().join(", ")
+        ))
+    })?;
+    apply(&base, &change).map_err(|why| Error::Config(format!("override for `{name}`: {why}")))?;
+    let mut table = TABLE.write().unwrap_or_else(PoisonError::into_inner);
+    table.retain(|(n, _)| n != name);
+    table.push((name.to_owned(), change));
+    ACTIVE.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// Removes the override of rule `name` (the rule as written applies again).
+pub fn clear(name: &str) {
+    let mut table = TABLE.write().unwrap_or_else(PoisonError::into_inner);
+    table.retain(|(n, _)| n != name);
+    ACTIVE.store(!table.is_empty(), Ordering::Release);
+}
+
+/// The rule and shadow flag in force for rule `name` (one relaxed load
+/// when nothing is overridden).
+pub(crate) fn effective(name: &str, rule: &Rule, shadow: bool) -> (Rule, bool) {
+    if !ACTIVE.load(Ordering::Acquire) {
+        return (*rule, shadow);
+    }
+    let table = TABLE.read().unwrap_or_else(PoisonError::into_inner);
+    match table.iter().find(|(n, _)| n == name) {
+        Some((_, change)) => (
+            apply(rule, change).unwrap_or(*rule),
+            change.shadow.unwrap_or(shadow),
+        ),
+        None => (*rule, shadow),
+    }
+}
+
+/// Parses a period: whole seconds, or a number with `ms`, `s`, `m` or `h`.
+fn period(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| format!("`{text}` is not a period (like 10, \"500ms\", \"1m\")"))?;
+    let ms = match unit {
+        "" | "s" => n.checked_mul(1000),
+        "ms" => Some(n),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
+        _ => return Err(format!("`{text}`: unknown unit `{unit}`")),
+    };
+    ms.map(Duration::from_millis).ok_or_else(|| format!("`{text}` is too long"))
+}
+
+fn field(change: &mut RuleOverride, name: &str, key: &str, value: &str) -> Result<(), Error> {
+    let bad = |why: String| Error::Config(format!("override for `{name}`: {why}"));
+    let number = |v: &str| v.trim().parse::<u64>().map_err(|_| bad(format!("`{key}` takes a whole number, not `{v}`")));
+    match key {
+        "count" => change.count = Some(number(value)?),
+        "burst" => change.burst = Some(number(value)?),
+        "period" => change.period = Some(period(value).map_err(bad)?),
+        "shadow" => {
+            change.shadow = Some(match value.trim() {
+                "true" => true,
+                "false" => false,
+                other => return Err(bad(format!("`shadow` takes true or false, not `{other}`"))),
+            })
+        }
+        other => return Err(bad(format!("unknown setting `{other}`; expected count, period, burst or shadow"))),
+    }
+    Ok(())
+}
+
+/// Applies every override in `text` (`name.setting=value`, separated by `;`
+/// or new lines); all or nothing.
+pub fn load_str(text: &str) -> Result<usize, Error> {
+    let mut changes: Vec<(String, RuleOverride)> = Vec::new();
+    for entry in text.split([';', '\n']).map(str::trim).filter(|e| !e.is_empty()) {
+        let (target, value) = entry
+            .split_once('=')
+            .ok_or_else(|| Error::Config(format!("override `{entry}`: write name.setting=value")))?;
+        let (name, key) = target
+            .trim()
+            .rsplit_once('.')
+            .ok_or_else(|| Error::Config(format!("override `{entry}`: write name.setting=value")))?;
+        let position = match changes.iter().position(|(n, _)| n == name) {
+            Some(i) => i,
+            None => {
+                changes.push((name.to_owned(), RuleOverride::default()));
+                changes.len() - 1
+            }
+        };
+        field(&mut changes[position].1, name, key.trim(), value)?;
+    }
+    apply_all(changes)
+}
+
+/// Applies `RATELIMIT_OVERRIDES` if set (see [`load_str`]); 0 if not set.
+pub fn load_env() -> Result<usize, Error> {
+    match std::env::var("RATELIMIT_OVERRIDES") {
+        Ok(text) => load_str(&text),
+        Err(_) => Ok(0),
+    }
+}
+
+/// Applies the `[rules.NAME]` tables of a TOML file; all or nothing.
+pub fn load_toml(path: impl AsRef<std::path::Path>) -> Result<usize, Error> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("reading {}: {e}", path.display())))?;
+    let doc: toml::Table = text
+        .parse()
+        .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+    let Some(rules) = doc.get("rules") else {
+        return Ok(0);
+    };
+    let rules = rules
+        .as_table()
+        .ok_or_else(|| Error::Config(format!("{}: `rules` must be a table", path.display())))?;
+    let mut changes = Vec::new();
+    for (name, settings) in rules {
+        let settings = settings
+            .as_table()
+            .ok_or_else(|| Error::Config(format!("{}: `rules.{name}` must be a table", path.display())))?;
+        let mut change = RuleOverride::default();
+        for (key, value) in settings {
+            let value = match value {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Integer(n) => n.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                other => other.to_string(),
+            };
+            field(&mut change, name, key, &value)?;
+        }
+        changes.push((name.clone(), change));
+    }
+    apply_all(changes)
+}
+
+fn apply_all(changes: Vec<(String, RuleOverride)>) -> Result<usize, Error> {
+    // Check every one first: a bad override changes nothing.
+    for (name, change) in &changes {
+        let base = base_rule(name).ok_or_else(|| {
+            Error::Config(format!(
+                "override for `{name}`: no rule has that name (rules: {})",
+                rule_names().join(", ")
+            ))
+        })?;
+        apply(&base, change).map_err(|why| Error::Config(format!("override for `{name}`: {why}")))?;
+    }
+    let count = changes.len();
+    for (name, change) in changes {
+        set(&name, change)?;
+    }
+    Ok(count)
+}
