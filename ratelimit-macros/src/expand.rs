@@ -61,6 +61,7 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
     let checks = config.rules.iter().enumerate().map(|(i, rule)| {
         let site = format_ident!("__RATELIMIT_SITE_{}", i);
         let permit = format_ident!("__ratelimit_permit_{}", i);
+        let registered = format_ident!("__RATELIMIT_SITE_REGISTERED_{}", i);
         let name = &rule.name;
         let rule_expr = rule_expr(&rule.rule, &rt);
         let cost = rule.cost;
@@ -99,6 +100,10 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
             #cost_check
             static #site: #rt::Site =
                 #rt::Site::new(#name, #rule_expr, #cost, #limiter, #on_error, #shadow);
+            // Registered by the linker, for overrides by name.
+            #[#rt::linkme::distributed_slice(#rt::SITES)]
+            #[linkme(crate = #rt::linkme)]
+            static #registered: &#rt::Site = &#site;
             let #permit = match #check.await {
                 #rt::Result::Ok(__ratelimit_permit) => #passed,
                 #rt::Result::Err(__ratelimit_limited) => #reject,
@@ -195,8 +200,9 @@ fn key_expr(rule: &RuleConfig, rt: &TokenStream) -> TokenStream {
                     args.push(quote!(::core::module_path!()));
                 }
                 Part::Value(value) => {
+                    // The caller's value: long or odd ones are digested.
                     format.push_str("{}");
-                    args.push(value.clone());
+                    args.push(quote!(#rt::SafePart(#rt::format!("{}", #value))));
                 }
             }
         }

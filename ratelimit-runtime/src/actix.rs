@@ -500,18 +500,20 @@ pub(crate) fn ip_subject(limiter: &RateLimiter, req: &HttpRequest) -> Result<Str
 }
 
 /// The key's subject for `by = header("name")`: `:header:name:value` (empty
-/// value when the request has none: such requests share one budget).
+/// value when the request has none: such requests share one budget). The
+/// value is the caller's: long or odd values are digested ([`crate::keys`]).
 pub(crate) fn header_subject(req: &HttpRequest, name: &str) -> String {
     let value = req
         .headers()
         .get(name)
         .map(|v| String::from_utf8_lossy(v.as_bytes()))
         .unwrap_or_default();
-    let mut subject = String::with_capacity(name.len() + value.len() + 9);
+    let mut subject =
+        String::with_capacity(name.len() + 10 + value.len().min(crate::keys::MAX_PART));
     subject.push_str(":header:");
     subject.push_str(name);
     subject.push(':');
-    subject.push_str(&value);
+    crate::keys::push_part(&mut subject, &value);
     subject
 }
 
@@ -619,6 +621,7 @@ impl RateLimit {
     /// One budget for all requests under `rule`, under the key `limiter:http`
     /// (set another with [`key`](RateLimit::key)).
     pub fn new(rule: Rule) -> RateLimit {
+        crate::overrides::register("http", rule);
         RateLimit {
             inner: Rc::new(Middleware {
                 rule,
@@ -641,6 +644,7 @@ impl RateLimit {
     /// The rule's name: the key is `limiter:<name>` plus the subject, and the
     /// rate-limit headers name the policy so.
     pub fn key(self, name: &'static str) -> RateLimit {
+        crate::overrides::register(name, self.inner.rule);
         self.with(|m| {
             m.name = name;
             m.key = format!("limiter:{name}");
@@ -765,7 +769,11 @@ where
                     }
                 },
                 By::Header(name) => Some(header_subject(req.request(), name.as_str())),
-                By::Key(key) => key(&req).map(|k| format!(":key:{k}")),
+                By::Key(key) => key(&req).map(|k| {
+                    let mut subject = String::from(":key:");
+                    crate::keys::push_part(&mut subject, &k);
+                    subject
+                }),
             };
             let Some(subject) = subject else {
                 return pass(req).await;
@@ -779,8 +787,10 @@ where
             }
             let key = format!("{}{subject}", config.key);
             let on_error = config.on_error.unwrap_or(limiter.on_backend_error());
+            let (rule, shadow) =
+                crate::overrides::effective(config.name, &config.rule, limiter.is_shadow());
             let permit = match limiter
-                .acquire_with(&config.rule, &key, config.cost, on_error)
+                .acquire_with(&rule, &key, config.cost, on_error)
                 .await
             {
                 Ok(permit) => permit,
@@ -795,13 +805,19 @@ where
                 }
             };
             let decision = *permit.decision();
-            if !decision.allowed {
-                let refusal = RateLimited::from_decision(&decision)
-                    .with_rule(config.rule.period(), config.name);
+            if !decision.allowed && shadow {
+                tracing::info!(
+                    rule = config.name,
+                    key,
+                    "shadow rate limit exceeded; request allowed"
+                );
+            } else if !decision.allowed {
+                let refusal =
+                    RateLimited::from_decision(&decision).with_rule(rule.period(), config.name);
                 let response = refused(refusal, &[], req.request());
                 return Ok(req.into_response(response).map_into_right_body());
             }
-            let report = Report::new(config.name, &config.rule, &decision);
+            let report = Report::new(config.name, &rule, &decision);
             let headers = rate_limit_headers(limiter.http_options().headers, &[report]);
             let mut response = service.call(req).await?;
             drop(permit);
@@ -866,6 +882,39 @@ mod tests {
         let unknown = headers(&[("forwarded", "for=unknown")]);
         assert_eq!(proxied.resolve(ip("10.0.0.2"), &unknown), None);
         assert_eq!(proxied.resolve(None, &spoofed), None);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
+
+        /// Whatever the forwarding headers say, resolving never panics, and an
+        /// untrusted peer is always the client.
+        #[test]
+        fn forwarding_headers_never_panic(
+            forwarded in "[ -~]{0,120}",
+            xff in "[ -~]{0,120}",
+            real in "[ -~]{0,60}",
+            raw in proptest::collection::vec(0x80u8..=0xff, 0..40),
+        ) {
+            let mut map = headers(&[("forwarded", &forwarded), ("x-forwarded-for", &xff), ("x-real-ip", &real)]);
+            map.append(HeaderName::from_static("x-forwarded-for"), HeaderValue::from_bytes(&raw).unwrap_or(HeaderValue::from_static("")));
+            let trusted = HttpOptions::new().trust_proxies(["0.0.0.0/0", "::/0"]).unwrap();
+            let _ = trusted.resolve(ip("10.0.0.1"), &map);
+            let open = HttpOptions::new();
+            proptest::prop_assert_eq!(open.resolve(ip("203.0.113.5"), &map), ip("203.0.113.5"));
+        }
+
+        #[test]
+        fn header_values_never_escape_the_key(value in proptest::collection::vec(0x20u8..=0xff, 0..2000)) {
+            let Ok(header) = HeaderValue::from_bytes(&value) else { return Ok(()); };
+            let req = actix_web::test::TestRequest::default()
+                .insert_header(("x-api-key", header))
+                .to_http_request();
+            let subject = header_subject(&req, "x-api-key");
+            let part = subject.strip_prefix(":header:x-api-key:").unwrap();
+            proptest::prop_assert!(part.len() <= crate::keys::MAX_PART);
+            proptest::prop_assert!(!part.contains([':', '{', '}', '*', '\n', ' ']), "escaped: {:?}", part);
+        }
     }
 
     #[test]

@@ -72,7 +72,9 @@ mod breaker;
 mod clock;
 mod decision;
 mod error;
+pub mod keys;
 mod limiter;
+pub mod overrides;
 mod rule;
 
 pub use backend::Backend;
@@ -93,9 +95,11 @@ pub use ratelimit_macros::rate_limit;
 /// in any release without notice.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::keys::SafePart;
     pub use crate::{Algorithm, OnError, Permit, RateLimited, Rule};
     pub use ::core::option::Option;
     pub use ::core::result::Result;
+    pub use ::linkme;
     pub use ::std::format;
     pub use ::std::string::String;
     pub use ::std::time::Duration;
@@ -103,6 +107,11 @@ pub mod __private {
     use std::sync::OnceLock;
 
     use crate::{Error, RateLimiter};
+
+    /// Every `#[rate_limit]` rule of the program (gathered by the linker), so
+    /// overrides can be checked against their names at start-up.
+    #[linkme::distributed_slice]
+    pub static SITES: [&'static Site];
 
     /// One `#[rate_limit]` rule where it is written: a `static` per call site.
     #[derive(Debug)]
@@ -114,6 +123,8 @@ pub mod __private {
         on_error: Option<OnError>,
         shadow: bool,
         named: OnceLock<RateLimiter>,
+        #[cfg(feature = "metrics")]
+        counters: OnceLock<[::metrics::Counter; 5]>,
     }
 
     impl Site {
@@ -134,7 +145,35 @@ pub mod __private {
                 on_error,
                 shadow,
                 named: OnceLock::new(),
+                #[cfg(feature = "metrics")]
+                counters: OnceLock::new(),
             }
+        }
+
+        /// Counts one outcome of this rule (`ratelimit_calls_total{rule, outcome}`
+        /// with the `metrics` feature; nothing without it).
+        fn record(&self, outcome: Outcome) {
+            #[cfg(feature = "metrics")]
+            {
+                let counters = self.counters.get_or_init(|| {
+                    Outcome::ALL.map(|o| {
+                        ::metrics::counter!("ratelimit_calls_total", "rule" => self.name, "outcome" => o.label())
+                    })
+                });
+                counters[outcome as usize].increment(1);
+            }
+            #[cfg(not(feature = "metrics"))]
+            let _ = outcome;
+        }
+
+        /// The rule's name (its `key` as written).
+        pub fn name(&self) -> &'static str {
+            self.name
+        }
+
+        /// The rule as written.
+        pub fn rule(&self) -> &Rule {
+            &self.rule
         }
 
         fn limiter(&self) -> Option<&RateLimiter> {
@@ -149,6 +188,38 @@ pub mod __private {
         }
     }
 
+    /// What happened to a call, for the counters.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Outcome {
+        Allowed,
+        Limited,
+        ShadowLimited,
+        BackendError,
+        LocalFallback,
+    }
+
+    impl Outcome {
+        #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+        const ALL: [Outcome; 5] = [
+            Outcome::Allowed,
+            Outcome::Limited,
+            Outcome::ShadowLimited,
+            Outcome::BackendError,
+            Outcome::LocalFallback,
+        ];
+
+        #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+        fn label(self) -> &'static str {
+            match self {
+                Outcome::Allowed => "allowed",
+                Outcome::Limited => "limited",
+                Outcome::ShadowLimited => "shadow_limited",
+                Outcome::BackendError => "backend_error",
+                Outcome::LocalFallback => "local_fallback",
+            }
+        }
+    }
+
     /// Checks one call: `Ok` with the permit to hold while the call runs,
     /// `Err` with the rejection.
     pub async fn check(site: &'static Site, key: &str) -> Result<Permit, RateLimited> {
@@ -160,17 +231,31 @@ pub mod __private {
         limiter: Option<&RateLimiter>,
         key: &str,
     ) -> Result<Permit, RateLimited> {
-        let rule = &site.rule;
         let Some(limiter) = limiter else {
             return missing_limiter(site, key).await;
         };
+        let (rule, shadow) =
+            crate::overrides::effective(site.name, &site.rule, site.shadow || limiter.is_shadow());
+        let rule = &rule;
         let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
         let refused = match limiter.acquire_with(rule, key, site.cost, on_error).await {
-            Ok(permit) if permit.decision().allowed => return Ok(permit),
             Ok(permit) => {
+                if permit.local {
+                    site.record(Outcome::LocalFallback);
+                }
+                if permit.unchecked {
+                    site.record(Outcome::BackendError);
+                }
+                if permit.decision().allowed {
+                    site.record(Outcome::Allowed);
+                    return Ok(permit);
+                }
                 RateLimited::from_decision(permit.decision()).with_rule(rule.period(), site.name)
             }
-            Err(Error::Backend(_)) => RateLimited::backend_unavailable(rule.count()),
+            Err(Error::Backend(_)) => {
+                site.record(Outcome::BackendError);
+                RateLimited::backend_unavailable(rule.count())
+            }
             // Costs are checked when the code is compiled; anything else is a
             // bug of ours: let the call through rather than fail it.
             Err(error) => {
@@ -178,10 +263,15 @@ pub mod __private {
                 return Ok(Permit::allowed_unchecked(rule));
             }
         };
-        if site.shadow {
-            tracing::info!(key, %refused, "shadow rate limit exceeded; call allowed");
+        if shadow {
+            site.record(Outcome::ShadowLimited);
+            tracing::info!(rule = site.name, key, %refused, "shadow rate limit exceeded; call allowed");
             return Ok(Permit::allowed_unchecked(rule));
         }
+        if !refused.is_backend_failure() {
+            site.record(Outcome::Limited);
+        }
+        tracing::debug!(rule = site.name, key, %refused, "rate limited");
         Err(refused)
     }
 

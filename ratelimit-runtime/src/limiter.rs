@@ -66,6 +66,7 @@ static NAMED: RwLock<Vec<(Box<str>, RateLimiter)>> = RwLock::new(Vec::new());
 pub struct RateLimiter {
     inner: Arc<Store>,
     on_error: OnError,
+    shadow: bool,
     #[cfg(feature = "actix")]
     http: Arc<crate::actix::HttpOptions>,
 }
@@ -106,6 +107,7 @@ impl RateLimiter {
         RateLimiter {
             inner: Arc::new(store),
             on_error: OnError::default(),
+            shadow: false,
             #[cfg(feature = "actix")]
             http: Arc::default(),
         }
@@ -115,6 +117,12 @@ impl RateLimiter {
     #[cfg(feature = "actix")]
     pub fn http_options(&self) -> &crate::actix::HttpOptions {
         &self.http
+    }
+
+    /// Whether every rule on this limiter is in shadow mode (checked and
+    /// recorded, never refusing): [`RateLimiterBuilder::shadow`].
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
     }
 
     /// What this limiter does with a call when its backend fails
@@ -263,6 +271,8 @@ impl RateLimiter {
                     return Ok(Permit {
                         decision,
                         lease: None,
+                        local: false,
+                        unchecked: false,
                     });
                 }
                 let sent = std::time::Instant::now();
@@ -310,7 +320,12 @@ impl RateLimiter {
             held_by_insurance,
             released: false,
         });
-        Ok(Permit { decision, lease })
+        Ok(Permit {
+            decision,
+            lease,
+            local: held_by_insurance,
+            unchecked: false,
+        })
     }
 
     /// Gives a lease back, where it was taken.
@@ -367,6 +382,10 @@ fn next_lease_id() -> u64 {
 pub struct Permit {
     decision: Decision,
     lease: Option<Lease>,
+    /// Answered by the in-process insurance limiter (the backend failed).
+    pub(crate) local: bool,
+    /// Not checked at all: the backend failed under the `allow` policy.
+    pub(crate) unchecked: bool,
 }
 
 impl Permit {
@@ -381,6 +400,8 @@ impl Permit {
                 retry_after: std::time::Duration::ZERO,
             },
             lease: None,
+            local: false,
+            unchecked: true,
         }
     }
 
@@ -458,6 +479,7 @@ impl Drop for Lease {
 pub struct RateLimiterBuilder {
     backend: BackendChoice,
     on_error: OnError,
+    shadow: bool,
     #[cfg(feature = "actix")]
     http: crate::actix::HttpOptions,
     clock: Option<Box<dyn Clock>>,
@@ -551,6 +573,13 @@ impl RateLimiterBuilder {
         self
     }
 
+    /// Shadow mode for every rule on this limiter: calls are checked and
+    /// counted but never refused (for rolling out new limits safely).
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
     /// Keep budgets in a backend of your own.
     pub fn backend(mut self, backend: impl Backend) -> Self {
         self.backend = BackendChoice::Custom(Box::new(backend));
@@ -632,6 +661,7 @@ impl RateLimiterBuilder {
         };
         Ok(RateLimiter {
             on_error: self.on_error,
+            shadow: self.shadow,
             #[cfg(feature = "actix")]
             http: Arc::new(self.http),
             ..RateLimiter::from_store(store)

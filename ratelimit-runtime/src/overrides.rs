@@ -48,6 +48,7 @@ static TABLE: RwLock<Vec<(String, RuleOverride)>> = RwLock::new(Vec::new());
 static REGISTERED: RwLock<Vec<(String, Rule)>> = RwLock::new(Vec::new());
 
 /// Makes a rule known by name (the middleware does, when built).
+#[cfg_attr(not(feature = "actix"), allow(dead_code))]
 pub(crate) fn register(name: &str, rule: Rule) {
     let mut registered = REGISTERED.write().unwrap_or_else(PoisonError::into_inner);
     if !registered.iter().any(|(n, _)| n == name) {
@@ -87,13 +88,18 @@ pub fn rule_names() -> Vec<String> {
 fn apply(base: &Rule, change: &RuleOverride) -> Result<Rule, String> {
     let count = change.count.unwrap_or(base.count());
     let period = change.period.unwrap_or(base.period());
-    let burst = change.burst.unwrap_or(if change.count.is_some() && base.burst() == base.count() {
-        count
-    } else {
-        base.burst()
-    });
+    let burst = change
+        .burst
+        .unwrap_or(if change.count.is_some() && base.burst() == base.count() {
+            count
+        } else {
+            base.burst()
+        });
     if change.burst.is_some() && !base.algorithm().has_burst() {
-        return Err(format!("`burst` applies to token_bucket and gcra; this rule is {}", base.algorithm().name()));
+        return Err(format!(
+            "`burst` applies to token_bucket and gcra; this rule is {}",
+            base.algorithm().name()
+        ));
     }
     Rule::try_new(base.algorithm(), count, period, burst)
 }
@@ -145,9 +151,13 @@ pub(crate) fn effective(name: &str, rule: &Rule, shadow: bool) -> (Rule, bool) {
 /// Parses a period: whole seconds, or a number with `ms`, `s`, `m` or `h`.
 fn period(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| format!("`{text}` is not a period (like 10, \"500ms\", \"1m\")"))?;
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{text}` is not a period (like 10, \"500ms\", \"1m\")"))?;
     let ms = match unit {
         "" | "s" => n.checked_mul(1000),
         "ms" => Some(n),
@@ -155,12 +165,17 @@ fn period(text: &str) -> Result<Duration, String> {
         "h" => n.checked_mul(3_600_000),
         _ => return Err(format!("`{text}`: unknown unit `{unit}`")),
     };
-    ms.map(Duration::from_millis).ok_or_else(|| format!("`{text}` is too long"))
+    ms.map(Duration::from_millis)
+        .ok_or_else(|| format!("`{text}` is too long"))
 }
 
 fn field(change: &mut RuleOverride, name: &str, key: &str, value: &str) -> Result<(), Error> {
     let bad = |why: String| Error::Config(format!("override for `{name}`: {why}"));
-    let number = |v: &str| v.trim().parse::<u64>().map_err(|_| bad(format!("`{key}` takes a whole number, not `{v}`")));
+    let number = |v: &str| {
+        v.trim()
+            .parse::<u64>()
+            .map_err(|_| bad(format!("`{key}` takes a whole number, not `{v}`")))
+    };
     match key {
         "count" => change.count = Some(number(value)?),
         "burst" => change.burst = Some(number(value)?),
@@ -172,7 +187,11 @@ fn field(change: &mut RuleOverride, name: &str, key: &str, value: &str) -> Resul
                 other => return Err(bad(format!("`shadow` takes true or false, not `{other}`"))),
             })
         }
-        other => return Err(bad(format!("unknown setting `{other}`; expected count, period, burst or shadow"))),
+        other => {
+            return Err(bad(format!(
+                "unknown setting `{other}`; expected count, period, burst or shadow"
+            )));
+        }
     }
     Ok(())
 }
@@ -181,14 +200,17 @@ fn field(change: &mut RuleOverride, name: &str, key: &str, value: &str) -> Resul
 /// or new lines); all or nothing.
 pub fn load_str(text: &str) -> Result<usize, Error> {
     let mut changes: Vec<(String, RuleOverride)> = Vec::new();
-    for entry in text.split([';', '\n']).map(str::trim).filter(|e| !e.is_empty()) {
-        let (target, value) = entry
-            .split_once('=')
-            .ok_or_else(|| Error::Config(format!("override `{entry}`: write name.setting=value")))?;
-        let (name, key) = target
-            .trim()
-            .rsplit_once('.')
-            .ok_or_else(|| Error::Config(format!("override `{entry}`: write name.setting=value")))?;
+    for entry in text
+        .split([';', '\n'])
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+    {
+        let (target, value) = entry.split_once('=').ok_or_else(|| {
+            Error::Config(format!("override `{entry}`: write name.setting=value"))
+        })?;
+        let (name, key) = target.trim().rsplit_once('.').ok_or_else(|| {
+            Error::Config(format!("override `{entry}`: write name.setting=value"))
+        })?;
         let position = match changes.iter().position(|(n, _)| n == name) {
             Some(i) => i,
             None => {
@@ -225,16 +247,25 @@ pub fn load_toml(path: impl AsRef<std::path::Path>) -> Result<usize, Error> {
         .ok_or_else(|| Error::Config(format!("{}: `rules` must be a table", path.display())))?;
     let mut changes = Vec::new();
     for (name, settings) in rules {
-        let settings = settings
-            .as_table()
-            .ok_or_else(|| Error::Config(format!("{}: `rules.{name}` must be a table", path.display())))?;
+        let settings = settings.as_table().ok_or_else(|| {
+            Error::Config(format!(
+                "{}: `rules.{name}` must be a table",
+                path.display()
+            ))
+        })?;
         let mut change = RuleOverride::default();
         for (key, value) in settings {
             let value = match value {
                 toml::Value::String(s) => s.clone(),
                 toml::Value::Integer(n) => n.to_string(),
                 toml::Value::Boolean(b) => b.to_string(),
-                other => other.to_string(),
+                other => {
+                    return Err(Error::Config(format!(
+                        "{}: `rules.{name}.{key}` must be a number, a string or a boolean, not {}",
+                        path.display(),
+                        other.type_str()
+                    )));
+                }
             };
             field(&mut change, name, key, &value)?;
         }
@@ -252,7 +283,8 @@ fn apply_all(changes: Vec<(String, RuleOverride)>) -> Result<usize, Error> {
                 rule_names().join(", ")
             ))
         })?;
-        apply(&base, change).map_err(|why| Error::Config(format!("override for `{name}`: {why}")))?;
+        apply(&base, change)
+            .map_err(|why| Error::Config(format!("override for `{name}`: {why}")))?;
     }
     let count = changes.len();
     for (name, change) in changes {

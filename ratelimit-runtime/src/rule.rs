@@ -191,6 +191,53 @@ impl Rule {
         rule
     }
 
+    /// A rule of any algorithm, with `burst` for the bucket algorithms
+    /// (ignored, as `count`, for the others), or why these values are not a
+    /// rule. For values read at run time (overrides).
+    ///
+    /// # Errors
+    ///
+    /// A message naming the value and its limit.
+    pub fn try_new(
+        algorithm: Algorithm,
+        count: u64,
+        period: Duration,
+        burst: u64,
+    ) -> Result<Rule, String> {
+        let period_ms = period.as_millis();
+        if count == 0 || count > Rule::MAX_COUNT {
+            return Err(format!(
+                "count must be between 1 and {}, not {count}",
+                Rule::MAX_COUNT
+            ));
+        }
+        if period_ms < 1 || period_ms > Rule::MAX_PERIOD.as_millis() {
+            return Err(format!(
+                "period must be between 1 ms and 366 days, not {period:?}"
+            ));
+        }
+        let burst = if algorithm.has_burst() { burst } else { count };
+        if burst == 0 || burst > Rule::MAX_COUNT {
+            return Err(format!(
+                "burst must be between 1 and {}, not {burst}",
+                Rule::MAX_COUNT
+            ));
+        }
+        if algorithm.has_burst()
+            && u128::from(burst) * period_ms * 1000 > u128::from(Rule::MAX_BURST_PERIOD_US)
+        {
+            return Err(
+                "burst × period (in µs) must be at most 2^52 for token_bucket and gcra".to_owned(),
+            );
+        }
+        Ok(Rule {
+            algorithm,
+            count,
+            burst,
+            period_ms: period_ms as u64,
+        })
+    }
+
     /// The same rule with a bucket capacity of `burst` (`token_bucket` and
     /// `gcra` only).
     ///

@@ -1,0 +1,283 @@
+//! Operating the limiter: counters through the `metrics` facade, shadow mode,
+//! overrides by name (environment, TOML, at run time), hostile key parts.
+
+use std::net::Ipv4Addr;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use ratelimit_runtime::overrides::{self, RuleOverride};
+use ratelimit_runtime::{Error, RateLimited, RateLimiter, rate_limit};
+use ratelimit_workspace::{RedisServer, http};
+
+/// One recorder for this test binary (the facade's recorder is global).
+static SNAPSHOTTER: LazyLock<Snapshotter> = LazyLock::new(|| {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this binary");
+    snapshotter
+});
+
+/// Counter totals: a snapshot drains the recorder, so they are kept here.
+static TOTALS: LazyLock<std::sync::Mutex<std::collections::HashMap<(String, String), u64>>> =
+    LazyLock::new(Default::default);
+
+/// `ratelimit_calls_total{rule, outcome}` as counted so far.
+fn count(rule: &str, outcome: &str) -> u64 {
+    let mut totals = TOTALS.lock().unwrap();
+    for (key, _, _, value) in SNAPSHOTTER.snapshot().into_vec() {
+        let key = key.key();
+        let label = |name: &str| {
+            key.labels()
+                .find(|l| l.key() == name)
+                .map(|l| l.value().to_owned())
+        };
+        if let (true, Some(r), Some(o), DebugValue::Counter(n)) = (
+            key.name() == "ratelimit_calls_total",
+            label("rule"),
+            label("outcome"),
+            value,
+        ) {
+            *totals.entry((r, o)).or_default() += n;
+        }
+    }
+    totals
+        .get(&(rule.to_owned(), outcome.to_owned()))
+        .copied()
+        .unwrap_or(0)
+}
+
+#[rate_limit(key = "ops-metrics", count = 2, period = 60)]
+async fn metered() -> Result<(), RateLimited> {
+    Ok(())
+}
+
+#[rate_limit(key = "ops-shadow", count = 1, period = 60, shadow)]
+async fn shadowed() -> Result<(), RateLimited> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn decisions_are_counted_per_rule_and_outcome() {
+    LazyLock::force(&SNAPSHOTTER);
+    for _ in 0..3 {
+        let _ = metered().await;
+    }
+    assert_eq!(count("ops-metrics", "allowed"), 2);
+    assert_eq!(count("ops-metrics", "limited"), 1);
+    for _ in 0..3 {
+        assert!(shadowed().await.is_ok(), "shadow rules never refuse");
+    }
+    assert_eq!(count("ops-shadow", "allowed"), 1);
+    assert_eq!(count("ops-shadow", "shadow_limited"), 2);
+}
+
+#[rate_limit(
+    key = "ops-limiter-shadow",
+    count = 1,
+    period = 60,
+    limiter = "shadowing"
+)]
+async fn on_a_shadow_limiter() -> Result<(), RateLimited> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_shadow_limiter_never_refuses_any_rule() {
+    LazyLock::force(&SNAPSHOTTER);
+    RateLimiter::builder()
+        .shadow(true)
+        .build()
+        .await
+        .unwrap()
+        .install_as("shadowing")
+        .unwrap();
+    for _ in 0..4 {
+        assert!(on_a_shadow_limiter().await.is_ok());
+    }
+    assert_eq!(count("ops-limiter-shadow", "shadow_limited"), 3);
+}
+
+#[rate_limit(key = "ops-override", count = 5, period = 60)]
+async fn overridden() -> Result<(), RateLimited> {
+    Ok(())
+}
+
+#[rate_limit(key = "ops-from-file", count = 1, period = 60)]
+async fn from_file() -> Result<(), RateLimited> {
+    Ok(())
+}
+
+#[rate_limit(key = "ops-from-env", count = 1, period = 60)]
+async fn from_env() -> Result<(), RateLimited> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn overrides_apply_while_running_and_keep_the_state() {
+    assert!(overridden().await.is_ok());
+    assert!(overridden().await.is_ok());
+    // Tighten while running: the two calls made so far still count.
+    overrides::set(
+        "ops-override",
+        RuleOverride {
+            count: Some(3),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(overridden().await.is_ok());
+    let refused = overridden().await.unwrap_err();
+    assert_eq!((refused.limit, refused.remaining), (3, 0));
+    // Shadow it: the limit is recorded, nothing is refused.
+    overrides::set(
+        "ops-override",
+        RuleOverride {
+            count: Some(3),
+            shadow: Some(true),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(overridden().await.is_ok());
+    overrides::clear("ops-override");
+    // Back to 5, with 3 used: two more pass.
+    assert!(overridden().await.is_ok());
+    assert!(overridden().await.is_ok());
+    assert!(overridden().await.is_err());
+}
+
+#[tokio::test]
+async fn overrides_from_toml_and_the_environment() {
+    let path =
+        std::env::temp_dir().join(format!("ratelimit-overrides-{}.toml", std::process::id()));
+    std::fs::write(&path, "[rules.ops-from-file]\ncount = 3\nperiod = \"2m\"\n").unwrap();
+    assert_eq!(overrides::load_toml(&path).unwrap(), 1);
+    for _ in 0..3 {
+        assert!(from_file().await.is_ok());
+    }
+    assert!(from_file().await.is_err());
+    let _ = std::fs::remove_file(&path);
+
+    assert_eq!(
+        overrides::load_str("ops-from-env.count = 2; ops-from-env.period=90").unwrap(),
+        1
+    );
+    assert!(from_env().await.is_ok());
+    assert!(from_env().await.is_ok());
+    assert!(from_env().await.is_err());
+}
+
+#[test]
+fn bad_overrides_are_start_up_errors_that_say_which_and_why() {
+    let unknown = overrides::load_str("no-such-rule.count=3").unwrap_err();
+    let text = unknown.to_string();
+    assert!(matches!(unknown, Error::Config(_)));
+    assert!(
+        text.contains("`no-such-rule`") && text.contains("no rule has that name"),
+        "{text}"
+    );
+    assert!(text.contains("ops-override"), "lists the rules: {text}");
+
+    for (bad, why) in [
+        ("ops-override.count=0", "count must be between 1"),
+        ("ops-override.count=many", "whole number"),
+        ("ops-override.period=10 parsecs", "unknown unit"),
+        (
+            "ops-override.burst=5",
+            "`burst` applies to token_bucket and gcra",
+        ),
+        ("ops-override.colour=blue", "unknown setting `colour`"),
+        ("ops-override", "write name.setting=value"),
+    ] {
+        let text = overrides::load_str(bad).unwrap_err().to_string();
+        assert!(text.contains(why), "{bad}: {text}");
+    }
+    // All or nothing: a good entry next to a bad one is not applied.
+    assert!(overrides::load_str("ops-from-env.count=7; no-such-rule.count=1").is_err());
+    assert!(!overrides::rule_names().is_empty());
+}
+
+#[rate_limit(key = "user:{name}", count = 1, period = 60, limiter = "hostile")]
+async fn per_name(name: String) -> Result<(), RateLimited> {
+    let _ = name;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_key_parts_cannot_escape_or_bloat_the_key() {
+    let redis = RedisServer::start();
+    RateLimiter::builder()
+        .redis(redis.url())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap()
+        .install_as("hostile")
+        .unwrap();
+    let hostile = [
+        "x".repeat(1 << 20),
+        "{tag}".to_owned(),
+        "a*b?[c]".to_owned(),
+        "line\nbreak\r\n".to_owned(),
+        "colon:arg:other".to_owned(),
+        "\u{0}\u{7f}é😀".to_owned(),
+        String::new(),
+        "plain-name".to_owned(),
+    ];
+    for name in &hostile {
+        assert!(per_name(name.clone()).await.is_ok(), "{:.20?}", name);
+        assert!(
+            per_name(name.clone()).await.is_err(),
+            "each value keeps its own budget"
+        );
+    }
+    let keys = redis.keys_with_pttl("limiter:*");
+    assert_eq!(keys.len(), hostile.len());
+    for (key, pttl) in &keys {
+        assert!(*pttl > 0);
+        assert!(key.len() <= "limiter:user:".len() + 64, "{key}");
+        let part = key.strip_prefix("limiter:user:").expect("in its namespace");
+        assert!(
+            !part.contains([':', '{', '}', '*', '?', '[', ']', '\n', '\r', ' ', '\0']),
+            "{part:?}"
+        );
+    }
+    assert!(
+        keys.iter().any(|(k, _)| k == "limiter:user:plain-name"),
+        "safe parts stay readable"
+    );
+}
+
+#[rate_limit(key = "api", count = 100, period = 60, by = header("x-api-key"))]
+#[actix_web::get("/api")]
+async fn api() -> impl actix_web::Responder {
+    "ok"
+}
+
+#[actix_web::test]
+async fn a_huge_header_is_refused_by_the_server_and_changes_nothing() {
+    let server = actix_web::HttpServer::new(|| actix_web::App::new().service(api))
+        .workers(1)
+        .bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap();
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    let one = std::net::IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let huge = "k".repeat(1 << 20);
+    let reply = http(one, addr, "GET", "/api", &[("x-api-key", &huge)]).await;
+    if let Ok(reply) = reply {
+        assert!(reply.status >= 400, "{}", reply.status);
+    }
+    let odd = http(one, addr, "GET", "/api", &[("x-api-key", "{a}*[b]")])
+        .await
+        .unwrap();
+    assert_eq!(odd.status, 200);
+    assert_eq!(
+        http(one, addr, "GET", "/api", &[]).await.unwrap().status,
+        200,
+        "still serving"
+    );
+}
