@@ -248,6 +248,12 @@ pub mod __private {
                 }
                 if permit.decision().allowed {
                     site.record(Outcome::Allowed);
+                    tracing::debug!(
+                        rule = site.name,
+                        key,
+                        remaining = permit.decision().remaining,
+                        "allowed"
+                    );
                     return Ok(permit);
                 }
                 RateLimited::from_decision(permit.decision()).with_rule(rule.period(), site.name)

@@ -480,6 +480,7 @@ pub struct RateLimiterBuilder {
     backend: BackendChoice,
     on_error: OnError,
     shadow: bool,
+    max_keys: Option<usize>,
     #[cfg(feature = "actix")]
     http: crate::actix::HttpOptions,
     clock: Option<Box<dyn Clock>>,
@@ -573,6 +574,15 @@ impl RateLimiterBuilder {
         self
     }
 
+    /// At most about `max_keys` keys in process memory (the in-memory store,
+    /// or the insurance limiter used while Redis fails); see
+    /// [`MemoryBackend::with_max_keys`] for what happens when it is reached.
+    /// Default: no cap (expired keys are still reclaimed).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = Some(max_keys);
+        self
+    }
+
     /// Shadow mode for every rule on this limiter: calls are checked and
     /// counted but never refused (for rolling out new limits safely).
     pub fn shadow(mut self, shadow: bool) -> Self {
@@ -623,12 +633,20 @@ impl RateLimiterBuilder {
     fn redis_store(&self, redis: RedisBackend, clock: Box<dyn Clock>) -> Store {
         Store::Redis {
             redis,
-            insurance: MemoryBackend::with_boxed_clock(clock),
+            insurance: self.memory(clock),
             breaker: Breaker::new(
                 self.probe_interval.unwrap_or(Duration::from_millis(250)),
                 false,
             ),
             over_limit: self.over_limit_cache.then(OverLimitCache::new),
+        }
+    }
+
+    fn memory(&self, clock: Box<dyn Clock>) -> MemoryBackend {
+        let store = MemoryBackend::with_boxed_clock(clock);
+        match self.max_keys {
+            Some(max) => store.with_max_keys(max),
+            None => store,
         }
     }
 
@@ -646,7 +664,7 @@ impl RateLimiterBuilder {
             .unwrap_or_else(|| Box::new(SystemClock::new()));
         let backend = std::mem::take(&mut self.backend);
         let store = match backend {
-            BackendChoice::Memory => Store::Memory(MemoryBackend::with_boxed_clock(clock)),
+            BackendChoice::Memory => Store::Memory(self.memory(clock)),
             #[cfg(feature = "redis")]
             BackendChoice::Redis(url) => {
                 let redis = RedisBackend::open(&url, self.connect_options()).await?;

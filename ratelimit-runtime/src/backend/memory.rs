@@ -46,6 +46,10 @@ pub struct MemoryBackend {
 #[derive(Debug)]
 struct Inner {
     shards: Box<[Shard]>,
+    /// The most keys one shard tracks (`max_keys / SHARDS`).
+    max_per_shard: usize,
+    /// Set once the cap was reached (logged once).
+    capped: std::sync::atomic::AtomicBool,
     /// Seeded per store: callers choose keys, so the hash must not be
     /// predictable (flooding one bucket).
     hasher: foldhash::fast::RandomState,
@@ -134,9 +138,37 @@ impl MemoryBackend {
         MemoryBackend {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+                max_per_shard: usize::MAX,
+                capped: std::sync::atomic::AtomicBool::new(false),
                 hasher: foldhash::fast::RandomState::default(),
                 clock,
             }),
+        }
+    }
+
+    /// The same store with at most about `max_keys` keys tracked (spread over
+    /// 64 shards). When a shard is full, expired keys are dropped first; if
+    /// it is still full, a new key's call is decided as the key's first call
+    /// (so allowed) and the key is not tracked: the store fails open for
+    /// unseen keys instead of growing or forgetting keys it tracks. Logged
+    /// once (`warn`). Call it before the store is shared.
+    pub fn with_max_keys(self, max_keys: usize) -> MemoryBackend {
+        let inner = Arc::try_unwrap(self.inner).expect("set the cap before sharing the store");
+        MemoryBackend {
+            inner: Arc::new(Inner {
+                max_per_shard: max_keys.div_ceil(SHARDS).max(1),
+                ..inner
+            }),
+        }
+    }
+
+    /// Drops every expired key now and gives their memory back (the tables
+    /// shrink). Expired keys are also dropped as new keys arrive; this is for
+    /// a periodic task after a burst of keys that will not come back.
+    pub fn sweep(&self) {
+        let now = u64::try_from(self.inner.clock.now().as_micros()).unwrap_or(u64::MAX);
+        for shard in self.inner.shards.iter() {
+            sweep(&mut lock(shard), now);
         }
     }
 
@@ -196,7 +228,17 @@ impl MemoryBackend {
                             expires_at,
                         },
                     };
-                    insert(&mut shard, entry, now);
+                    if !insert(&mut shard, entry, now, self.inner.max_per_shard)
+                        && !self
+                            .inner
+                            .capped
+                            .swap(true, std::sync::atomic::Ordering::Relaxed)
+                    {
+                        tracing::warn!(
+                            "the in-memory rate limiter tracks its maximum of keys; \
+                             calls of new keys are allowed untracked until keys expire"
+                        );
+                    }
                 }
                 outcome
             }
@@ -258,12 +300,26 @@ fn lock(shard: &Shard) -> MutexGuard<'_, ShardMap> {
     shard.map.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn insert(shard: &mut ShardMap, entry: Entry, now: u64) {
-    if shard.entries.len() >= shard.sweep_at {
-        shard.entries.retain(|e| e.slot.expires_at > now);
-        shard.sweep_at = (shard.entries.len() * 2).max(MIN_SWEEP_LEN);
+/// Stores a new key, unless the shard is at its cap even after dropping
+/// expired keys (then `false`).
+fn insert(shard: &mut ShardMap, entry: Entry, now: u64, max: usize) -> bool {
+    if shard.entries.len() >= shard.sweep_at.min(max) {
+        sweep(shard, now);
+    }
+    if shard.entries.len() >= max {
+        return false;
     }
     shard.entries.insert_unique(entry.hash, entry, |e| e.hash);
+    true
+}
+
+/// Drops expired keys; shrinks the table when it is mostly empty.
+fn sweep(shard: &mut ShardMap, now: u64) {
+    shard.entries.retain(|e| e.slot.expires_at > now);
+    shard.sweep_at = (shard.entries.len() * 2).max(MIN_SWEEP_LEN);
+    if shard.entries.len() * 4 < shard.entries.capacity() {
+        shard.entries.shrink_to(shard.entries.len() * 2, |e| e.hash);
+    }
 }
 
 #[cfg(test)]
