@@ -12,6 +12,11 @@
 //!   Redis, shared by every instance; without it, in process memory.
 //! - `TRUSTED_PROXIES` (for example `10.0.0.0/8,127.0.0.1`): proxies whose
 //!   `Forwarded` / `X-Forwarded-For` / `X-Real-IP` headers name the client.
+//! - `RATELIMIT_OVERRIDES` (`"ip_limit_test.count=10; limitTest.shadow=true"`):
+//!   rule overrides, checked at start-up.
+//! - `RATELIMIT_OVERRIDES_FILE` (a TOML file with `[rules.NAME]` tables):
+//!   read at start-up and again whenever it changes, while serving; a bad
+//!   file is reported and changes nothing.
 
 use actix_web::{App, HttpResponse, HttpServer, Responder, get, web};
 use ratelimit_runtime::{HttpOptions, RateLimited, RateLimiter, rate_limit};
@@ -68,8 +73,31 @@ async fn try_again_later(limited: RateLimited) -> impl Responder {
         ))
 }
 
+/// Re-reads the overrides file whenever it changes (checked every second).
+fn watch_overrides(path: std::path::PathBuf) {
+    std::thread::spawn(move || {
+        let mut seen = None;
+        loop {
+            let stamp = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+            if stamp != seen {
+                seen = stamp;
+                match ratelimit_runtime::overrides::reload_toml(&path) {
+                    Ok(n) => println!("overrides from {}: {n} rule(s)", path.display()),
+                    Err(error) => eprintln!("overrides not changed: {error}"),
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+    });
+}
+
 #[actix_web::main]
 async fn main() -> std::io::Result<()> {
+    ratelimit_runtime::overrides::load_env().map_err(std::io::Error::other)?;
+    if let Ok(path) = std::env::var("RATELIMIT_OVERRIDES_FILE") {
+        ratelimit_runtime::overrides::reload_toml(&path).map_err(std::io::Error::other)?;
+        watch_overrides(path.into());
+    }
     let mut http = HttpOptions::new();
     if let Ok(proxies) = std::env::var("TRUSTED_PROXIES") {
         http = http

@@ -20,6 +20,10 @@ static SNAPSHOTTER: LazyLock<Snapshotter> = LazyLock::new(|| {
     snapshotter
 });
 
+/// Override tests change process-wide state: one at a time (under nextest
+/// each test is its own process anyway).
+static OVERRIDES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Counter totals: a snapshot drains the recorder, so they are kept here.
 static TOTALS: LazyLock<std::sync::Mutex<std::collections::HashMap<(String, String), u64>>> =
     LazyLock::new(Default::default);
@@ -117,6 +121,7 @@ async fn from_env() -> Result<(), RateLimited> {
 
 #[tokio::test]
 async fn overrides_apply_while_running_and_keep_the_state() {
+    let _one_at_a_time = OVERRIDES.lock().await;
     assert!(overridden().await.is_ok());
     assert!(overridden().await.is_ok());
     // Tighten while running: the two calls made so far still count.
@@ -151,6 +156,7 @@ async fn overrides_apply_while_running_and_keep_the_state() {
 
 #[tokio::test]
 async fn overrides_from_toml_and_the_environment() {
+    let _one_at_a_time = OVERRIDES.lock().await;
     let path =
         std::env::temp_dir().join(format!("ratelimit-overrides-{}.toml", std::process::id()));
     std::fs::write(&path, "[rules.ops-from-file]\ncount = 3\nperiod = \"2m\"\n").unwrap();
@@ -170,8 +176,43 @@ async fn overrides_from_toml_and_the_environment() {
     assert!(from_env().await.is_err());
 }
 
+#[rate_limit(key = "ops-reloaded", count = 1, period = 60)]
+async fn reloaded() -> Result<(), RateLimited> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_reloaded_file_is_the_whole_truth_and_a_bad_one_changes_nothing() {
+    let _one_at_a_time = OVERRIDES.lock().await;
+    let path = std::env::temp_dir().join(format!("ratelimit-reload-{}.toml", std::process::id()));
+    std::fs::write(&path, "[rules.ops-reloaded]\ncount = 3\n").unwrap();
+    overrides::reload_toml(&path).unwrap();
+    for _ in 0..3 {
+        assert!(reloaded().await.is_ok());
+    }
+    assert!(reloaded().await.is_err());
+    std::fs::write(&path, "[rules.ops-reloaded]\ncount = 0\n").unwrap();
+    let error = overrides::reload_toml(&path).unwrap_err().to_string();
+    assert!(
+        error.contains("ops-reloaded") && error.contains("count"),
+        "{error}"
+    );
+    assert!(reloaded().await.is_err(), "the bad file changed nothing");
+    std::fs::write(&path, "[rules.ops-reloaded]\ncount = 4\n").unwrap();
+    overrides::reload_toml(&path).unwrap();
+    assert!(reloaded().await.is_ok(), "raised to 4 while running");
+    std::fs::write(&path, "").unwrap();
+    overrides::reload_toml(&path).unwrap();
+    assert!(
+        reloaded().await.is_err(),
+        "removed from the file: back to 1"
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
 #[test]
 fn bad_overrides_are_start_up_errors_that_say_which_and_why() {
+    let _one_at_a_time = OVERRIDES.blocking_lock();
     let unknown = overrides::load_str("no-such-rule.count=3").unwrap_err();
     let text = unknown.to_string();
     assert!(matches!(unknown, Error::Config(_)));

@@ -17,7 +17,8 @@
 //!   [rules."login:{user}"]
 //!   shadow = true
 //!   ```
-//! - from code, at any time: [`set`], [`clear`].
+//! - from code, at any time: [`set`], [`clear`]; or by re-reading the file
+//!   while running: [`reload_toml`] (the file becomes the whole truth).
 //!
 //! An override naming no rule, or with a value the rule cannot take, is an
 //! [`Error::Config`] that says which and why, and changes nothing.
@@ -233,14 +234,29 @@ pub fn load_env() -> Result<usize, Error> {
 
 /// Applies the `[rules.NAME]` tables of a TOML file; all or nothing.
 pub fn load_toml(path: impl AsRef<std::path::Path>) -> Result<usize, Error> {
-    let path = path.as_ref();
+    apply_all(read_toml(path.as_ref())?)
+}
+
+/// Makes the TOML file the whole truth: checks every entry, then replaces
+/// all overrides (also ones set with [`set`]) with the file's. On error,
+/// nothing changes. For a file watched while running.
+pub fn reload_toml(path: impl AsRef<std::path::Path>) -> Result<usize, Error> {
+    let changes = read_toml(path.as_ref())?;
+    check_all(&changes)?;
+    let mut table = TABLE.write().unwrap_or_else(PoisonError::into_inner);
+    *table = changes;
+    ACTIVE.store(!table.is_empty(), Ordering::Release);
+    Ok(table.len())
+}
+
+fn read_toml(path: &std::path::Path) -> Result<Vec<(String, RuleOverride)>, Error> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::Config(format!("reading {}: {e}", path.display())))?;
     let doc: toml::Table = text
         .parse()
         .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
     let Some(rules) = doc.get("rules") else {
-        return Ok(0);
+        return Ok(Vec::new());
     };
     let rules = rules
         .as_table()
@@ -271,12 +287,21 @@ pub fn load_toml(path: impl AsRef<std::path::Path>) -> Result<usize, Error> {
         }
         changes.push((name.clone(), change));
     }
-    apply_all(changes)
+    Ok(changes)
 }
 
 fn apply_all(changes: Vec<(String, RuleOverride)>) -> Result<usize, Error> {
-    // Check every one first: a bad override changes nothing.
-    for (name, change) in &changes {
+    check_all(&changes)?;
+    let count = changes.len();
+    for (name, change) in changes {
+        set(&name, change)?;
+    }
+    Ok(count)
+}
+
+/// Checks every override: a bad one means none is applied.
+fn check_all(changes: &[(String, RuleOverride)]) -> Result<(), Error> {
+    for (name, change) in changes {
         let base = base_rule(name).ok_or_else(|| {
             Error::Config(format!(
                 "override for `{name}`: no rule has that name (rules: {})",
@@ -286,9 +311,5 @@ fn apply_all(changes: Vec<(String, RuleOverride)>) -> Result<usize, Error> {
         apply(&base, change)
             .map_err(|why| Error::Config(format!("override for `{name}`: {why}")))?;
     }
-    let count = changes.len();
-    for (name, change) in changes {
-        set(&name, change)?;
-    }
-    Ok(count)
+    Ok(())
 }
