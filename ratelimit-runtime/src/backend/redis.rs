@@ -135,15 +135,21 @@ pub fn lua_source(algorithm: Algorithm) -> &'static str {
     source(algorithm)
 }
 
-/// The Lua source of an algorithm's script.
+/// The Lua source of an algorithm's script: the shared prelude, then the
+/// algorithm (one script each, as Redis runs them).
 pub(crate) fn source(algorithm: Algorithm) -> &'static str {
+    macro_rules! script {
+        ($file:literal) => {
+            concat!(include_str!("../scripts/prelude.lua"), include_str!($file))
+        };
+    }
     match algorithm {
-        Algorithm::FixedWindow => include_str!("../scripts/fixed_window.lua"),
-        Algorithm::SlidingLog => include_str!("../scripts/sliding_log.lua"),
-        Algorithm::SlidingWindow => include_str!("../scripts/sliding_window.lua"),
-        Algorithm::TokenBucket => include_str!("../scripts/token_bucket.lua"),
-        Algorithm::Gcra => include_str!("../scripts/gcra.lua"),
-        Algorithm::Concurrency => include_str!("../scripts/concurrency.lua"),
+        Algorithm::FixedWindow => script!("../scripts/fixed_window.lua"),
+        Algorithm::SlidingLog => script!("../scripts/sliding_log.lua"),
+        Algorithm::SlidingWindow => script!("../scripts/sliding_window.lua"),
+        Algorithm::TokenBucket => script!("../scripts/token_bucket.lua"),
+        Algorithm::Gcra => script!("../scripts/gcra.lua"),
+        Algorithm::Concurrency => script!("../scripts/concurrency.lua"),
     }
 }
 

@@ -4,14 +4,8 @@
 -- src/algorithm.rs.
 --
 -- KEYS[1]  sorted set of leases: member "lease:unit", score = expiry (µs)
--- ARGV     count, burst, period (µs), cost, now (µs; "" = the server's TIME), lease id
+-- ARGV     see prelude.lua (and the lease id)
 -- Returns  {allowed (1|0), remaining, reset_after (µs), retry_after (µs)}
-local count, period, cost = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local now, slack = tonumber(ARGV[5]), 3600000
-if not now then
-    local t = redis.call('TIME')
-    now, slack = tonumber(t[1]) * 1000000 + tonumber(t[2]), 0
-end
 
 local trimmed = redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if type(trimmed) == 'table' then

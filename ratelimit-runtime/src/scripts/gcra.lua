@@ -5,39 +5,13 @@
 -- src/algorithm.rs.
 --
 -- KEYS[1]  "G:tat:rem"
--- ARGV     count, burst, period (µs), cost, now (µs; "" = the server's TIME)
+-- ARGV     see prelude.lua
 -- Returns  {allowed (1|0), remaining, reset_after (µs), retry_after (µs)}
-local count, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
-local period, cost = tonumber(ARGV[3]), tonumber(ARGV[4])
-local now, slack = tonumber(ARGV[5]), 3600000
-if not now then
-    local t = redis.call('TIME')
-    now, slack = tonumber(t[1]) * 1000000 + tonumber(t[2]), 0
-end
-
--- The numbers of this algorithm's state ("G:n:n..."), or nil when the key
--- holds nothing, another algorithm's state, or another type (treated as absent,
--- as the memory backend does; SET below replaces it).
-local function load()
-    local stored = redis.pcall('GET', KEYS[1])
-    if type(stored) ~= 'string' or string.sub(stored, 1, 2) ~= 'G:' then return nil end
-    local fields = {}
-    for part in string.gmatch(string.sub(stored, 3), '[^:]+') do fields[#fields + 1] = tonumber(part) end
-    return fields
-end
-
--- Exact floor(a / b) for integers below 2^53 (a double quotient can round up).
-local function idiv(a, b)
-    local q = math.floor(a / b)
-    if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-    return q
-end
-local function ceil_div(a, b) return idiv(a + b - 1, b) end
 
 local tolerance = burst * period
 -- How far the TAT is ahead of now, in 1/count µs.
 local ahead = 0
-local stored = load()
+local stored = load('G')
 if stored then
     local tat, rem = stored[1], stored[2]
     if tat >= now then ahead = (tat - now) * count + rem end

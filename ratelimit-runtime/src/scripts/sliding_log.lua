@@ -4,14 +4,8 @@
 -- sliding_log() in src/algorithm.rs.
 --
 -- KEYS[1]  sorted set: one member per unit, scored by its call time (µs)
--- ARGV     count, burst, period (µs), cost, now (µs; "" = the server's TIME)
+-- ARGV     see prelude.lua
 -- Returns  {allowed (1|0), remaining, reset_after (µs), retry_after (µs)}
-local count, period, cost = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local now, slack = tonumber(ARGV[5]), 3600000
-if not now then
-    local t = redis.call('TIME')
-    now, slack = tonumber(t[1]) * 1000000 + tonumber(t[2]), 0
-end
 
 -- A call at time t counts while now < t + period.
 local trimmed = redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - period)

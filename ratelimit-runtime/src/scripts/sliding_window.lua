@@ -4,25 +4,8 @@
 -- src/algorithm.rs, including its double arithmetic (so both round alike).
 --
 -- KEYS[1]  "W:start:cur:prev" (start of the current window in µs)
--- ARGV     count, burst, period (µs), cost, now (µs; "" = the server's TIME)
+-- ARGV     see prelude.lua
 -- Returns  {allowed (1|0), remaining, reset_after (µs), retry_after (µs)}
-local count, period, cost = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local now, slack = tonumber(ARGV[5]), 3600000
-if not now then
-    local t = redis.call('TIME')
-    now, slack = tonumber(t[1]) * 1000000 + tonumber(t[2]), 0
-end
-
--- The numbers of this algorithm's state ("W:n:n..."), or nil when the key
--- holds nothing, another algorithm's state, or another type (treated as absent,
--- as the memory backend does; SET below replaces it).
-local function load()
-    local stored = redis.pcall('GET', KEYS[1])
-    if type(stored) ~= 'string' or string.sub(stored, 1, 2) ~= 'W:' then return nil end
-    local fields = {}
-    for part in string.gmatch(string.sub(stored, 3), '[^:]+') do fields[#fields + 1] = tonumber(part) end
-    return fields
-end
 
 local function weighted(n, span)
     return math.floor(n * span / period)
@@ -41,7 +24,7 @@ end
 -- math.fmod is exact here; Lua's % (a - floor(a/b)*b) can be off for 16-digit numbers.
 local start = now - math.fmod(now, period)
 local cur, prev = 0, 0
-local stored = load()
+local stored = load('W')
 if stored then
     local s, c, p = stored[1], stored[2], stored[3]
     if s + period == start then
