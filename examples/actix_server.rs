@@ -7,6 +7,11 @@
 //! curl -si --interface 127.0.0.2 http://127.0.0.1:8080/limitTest3 | head -1
 //! ```
 //!
+//! Endpoints: `/limitTest` (2 per second), `/limitTest2` (3 per 10 s on the
+//! key `customer_limit_test`), `/limitTest3` (3 per 10 s per client address),
+//! `/limitTest4` (the same, with a fallback page), `/api` (5 per 10 s per
+//! `x-api-key`), `/user/{name}` (3 per 10 s per name).
+//!
 //! - `BIND` (default `127.0.0.1:8080`): where to listen.
 //! - `REDIS_URL` (for example `redis://127.0.0.1:6379/`): keep the budgets in
 //!   Redis, shared by every instance; without it, in process memory.
@@ -48,6 +53,22 @@ async fn limit_test3() -> impl Responder {
 #[get("/limitTest4")]
 async fn limit_test4() -> impl Responder {
     "limitTest4: ok\n"
+}
+
+/// `api`: 5 requests per 10 s per `x-api-key` header value (requests without
+/// the header share one budget). The value is the caller's: long or odd
+/// values are digested in the key.
+#[rate_limit(key = "api_key_test", period = 10, count = 5, by = header("x-api-key"))]
+#[get("/api")]
+async fn api() -> impl Responder {
+    "api: ok\n"
+}
+
+/// `user/{name}`: 3 requests per 10 s per user name in the path.
+#[rate_limit(key = "user_test:{name}", period = 10, count = 3)]
+#[get("/user/{name}")]
+async fn user(name: web::Path<String>) -> impl Responder {
+    format!("user {name}: ok\n")
 }
 
 /// For the HTTP benchmark: the same handler with a limit it never reaches
@@ -117,7 +138,8 @@ async fn main() -> std::io::Result<()> {
     println!("rate limits kept in {backend}");
     println!(
         "listening on http://{bind}: /limitTest (2/s), /limitTest2 (3/10 s), \
-         /limitTest3 (3/10 s per IP), /limitTest4 (3/10 s per IP, fallback page)"
+         /limitTest3 (3/10 s per IP), /limitTest4 (3/10 s per IP, fallback page), \
+         /api (5/10 s per x-api-key), /user/{{name}} (3/10 s per name)"
     );
     HttpServer::new(move || {
         App::new()
@@ -126,6 +148,8 @@ async fn main() -> std::io::Result<()> {
             .service(limit_test2)
             .service(limit_test3)
             .service(limit_test4)
+            .service(api)
+            .service(user)
             .service(bench_limited)
             .service(bench_plain)
             .default_service(web::to(|| async {
