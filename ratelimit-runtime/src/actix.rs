@@ -788,7 +788,8 @@ where
             let key = format!("{}{subject}", config.key);
             let on_error = config.on_error.unwrap_or(limiter.on_backend_error());
             let (rule, shadow) =
-                crate::overrides::effective(config.name, &config.rule, limiter.is_shadow());
+                crate::overrides::effective(config.name, &config.rule, limiter.is_shadow())
+                    .unwrap_or((config.rule, limiter.is_shadow()));
             let permit = match limiter
                 .acquire_with(&rule, &key, config.cost, on_error)
                 .await

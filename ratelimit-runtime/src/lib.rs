@@ -234,9 +234,12 @@ pub mod __private {
         let Some(limiter) = limiter else {
             return missing_limiter(site, key).await;
         };
-        let (rule, shadow) =
-            crate::overrides::effective(site.name, &site.rule, site.shadow || limiter.is_shadow());
-        let rule = &rule;
+        let shadow = site.shadow || limiter.is_shadow();
+        let overridden = crate::overrides::effective(site.name, &site.rule, shadow);
+        let (rule, shadow) = match &overridden {
+            Some((rule, shadow)) => (rule, *shadow),
+            None => (&site.rule, shadow),
+        };
         let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
         let refused = match limiter.acquire_with(rule, key, site.cost, on_error).await {
             Ok(permit) => {

@@ -242,22 +242,77 @@ impl RateLimiter {
     }
 
     /// [`acquire`](RateLimiter::acquire) under the failure policy `on_error`.
-    pub(crate) async fn acquire_with(
+    ///
+    /// In process memory the answer is ready at once, in a future of a few
+    /// bytes; a backend's call (Redis, custom) is boxed, so its large future
+    /// does not weigh on the in-memory path (every move of a future copies it).
+    pub(crate) fn acquire_with<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+        on_error: OnError,
+    ) -> Acquiring<'a> {
+        if let Err(error) = validate_cost(rule, cost) {
+            return Acquiring::Ready(Some(Err(error)));
+        }
+        match &*self.inner {
+            Store::Memory(memory) => {
+                let (decision, id) = if rule.algorithm() == Algorithm::Concurrency {
+                    let id = next_lease_id();
+                    (memory.acquire_now(rule, key, cost, id), id)
+                } else {
+                    (memory.check_now(rule, key, cost), 0)
+                };
+                Acquiring::Ready(Some(Ok(self.permit(rule, key, cost, id, decision, false))))
+            }
+            _ => Acquiring::Backend(Box::pin(
+                self.acquire_from_backend(rule, key, cost, on_error),
+            )),
+        }
+    }
+
+    /// The permit for a decision (with a lease for an allowed concurrency call).
+    fn permit(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        id: u64,
+        decision: Decision,
+        local: bool,
+    ) -> Permit {
+        let lease = (rule.algorithm() == Algorithm::Concurrency && decision.allowed).then(|| {
+            Box::new(Lease {
+                limiter: self.clone(),
+                rule: *rule,
+                key: key.into(),
+                cost,
+                id,
+                held_by_insurance: local,
+                released: false,
+            })
+        });
+        Permit {
+            decision,
+            lease,
+            local,
+            unchecked: false,
+        }
+    }
+
+    async fn acquire_from_backend(
         &self,
         rule: &Rule,
         key: &str,
         cost: u64,
         on_error: OnError,
     ) -> Result<Permit, Error> {
-        validate_cost(rule, cost)?;
         #[cfg(not(feature = "redis"))]
         let _ = on_error; // only the Redis backend fails over
         let concurrency = rule.algorithm() == Algorithm::Concurrency;
         let id = if concurrency { next_lease_id() } else { 0 };
         let (decision, held_by_insurance) = match &*self.inner {
-            Store::Memory(memory) if concurrency => {
-                (memory.acquire_now(rule, key, cost, id), false)
-            }
             Store::Memory(memory) => (memory.check_now(rule, key, cost), false),
             #[cfg(feature = "redis")]
             Store::Redis {
@@ -311,21 +366,7 @@ impl RateLimiter {
             }
             Store::Custom(backend) => (backend.check(rule, key, cost).await?, false),
         };
-        let lease = (concurrency && decision.allowed).then(|| Lease {
-            limiter: self.clone(),
-            rule: *rule,
-            key: key.into(),
-            cost,
-            id,
-            held_by_insurance,
-            released: false,
-        });
-        Ok(Permit {
-            decision,
-            lease,
-            local: held_by_insurance,
-            unchecked: false,
-        })
+        Ok(self.permit(rule, key, cost, id, decision, held_by_insurance))
     }
 
     /// Gives a lease back, where it was taken.
@@ -369,6 +410,28 @@ fn next_lease_id() -> u64 {
         .hash_one(NEXT.fetch_add(1, AtomicOrdering::Relaxed))
 }
 
+/// The future of [`RateLimiter::acquire_with`]: ready, or a backend's call.
+pub(crate) enum Acquiring<'a> {
+    Ready(Option<Result<Permit, Error>>),
+    Backend(Pin<Box<dyn Future<Output = Result<Permit, Error>> + Send + 'a>>),
+}
+
+impl Future for Acquiring<'_> {
+    type Output = Result<Permit, Error>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match &mut *self {
+            Acquiring::Ready(answer) => {
+                std::task::Poll::Ready(answer.take().expect("polled after it was ready"))
+            }
+            Acquiring::Backend(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
 /// What [`RateLimiter::acquire`] answers: the decision, and for an allowed
 /// call of a `concurrency` rule, the lease it holds.
 ///
@@ -381,7 +444,9 @@ fn next_lease_id() -> u64 {
 #[must_use = "dropping the permit releases its lease at once"]
 pub struct Permit {
     decision: Decision,
-    lease: Option<Lease>,
+    /// Boxed: only concurrency rules have one, and a small permit is cheap
+    /// to move through the layers of a call.
+    lease: Option<Box<Lease>>,
     /// Answered by the in-process insurance limiter (the backend failed).
     pub(crate) local: bool,
     /// Not checked at all: the backend failed under the `allow` policy.

@@ -133,20 +133,24 @@ pub fn clear(name: &str) {
     ACTIVE.store(!table.is_empty(), Ordering::Release);
 }
 
-/// The rule and shadow flag in force for rule `name` (one relaxed load
-/// when nothing is overridden).
-pub(crate) fn effective(name: &str, rule: &Rule, shadow: bool) -> (Rule, bool) {
+/// The override in force for rule `name`, if any: the rule to use instead
+/// and the shadow flag. `None` (one atomic load) when nothing is overridden.
+#[inline]
+pub(crate) fn effective(name: &str, rule: &Rule, shadow: bool) -> Option<(Rule, bool)> {
     if !ACTIVE.load(Ordering::Acquire) {
-        return (*rule, shadow);
+        return None;
     }
+    overridden(name, rule, shadow)
+}
+
+#[cold]
+fn overridden(name: &str, rule: &Rule, shadow: bool) -> Option<(Rule, bool)> {
     let table = TABLE.read().unwrap_or_else(PoisonError::into_inner);
-    match table.iter().find(|(n, _)| n == name) {
-        Some((_, change)) => (
-            apply(rule, change).unwrap_or(*rule),
-            change.shadow.unwrap_or(shadow),
-        ),
-        None => (*rule, shadow),
-    }
+    let (_, change) = table.iter().find(|(n, _)| n == name)?;
+    Some((
+        apply(rule, change).unwrap_or(*rule),
+        change.shadow.unwrap_or(shadow),
+    ))
 }
 
 /// Parses a period: whole seconds, or a number with `ms`, `s`, `m` or `h`.

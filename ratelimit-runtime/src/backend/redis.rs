@@ -82,7 +82,9 @@ impl Conn {
         if let Some(live) = self.live.get() {
             return Ok(live.clone());
         }
-        let connect = self.live.get_or_try_init(|| async {
+        // Boxed: connecting is rare and its future is large; inline, it would
+        // make every check's future (and every move of it) kilobytes bigger.
+        let connect = Box::pin(self.live.get_or_try_init(|| async {
             let mut live = match &self.target {
                 Target::Single(client) => {
                     let config = ConnectionManagerConfig::new()
@@ -98,7 +100,7 @@ impl Conn {
                 live.load(script).await?;
             }
             Ok::<_, RedisError>(live)
-        });
+        }));
         match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(live)) => Ok(live.clone()),
             Ok(Err(e)) => Err(Error::backend(e)),
