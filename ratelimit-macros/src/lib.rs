@@ -145,8 +145,8 @@ use proc_macro::TokenStream;
 ///
 /// Paths are absolute (`::ratelimit_runtime::__private::...`). A key without
 /// placeholders is one `&'static str` built at compile time, so a call
-/// allocates nothing for it; the rule is a `static`. The attribute costs
-/// about 2 % over the same check written by hand (`cargo bench --bench
+/// allocates nothing for it; the rule is a `static`. The attribute costs a
+/// few percent over the same check written by hand (`cargo bench --bench
 /// attribute`). Everything else of the fn (attributes, docs, visibility,
 /// generics, lifetimes) is kept as written.
 #[proc_macro_attribute]
