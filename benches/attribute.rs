@@ -3,14 +3,12 @@
 //!
 //! `cargo bench --bench attribute`
 
-use std::future::Future;
 use std::hint::black_box;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use ratelimit_runtime::{RateLimited, RateLimiter, Rule, rate_limit};
+use ratelimit_workspace::ready;
 
 /// A limit the benchmark never reaches (a billion calls a year).
 const RULE: Rule = Rule::fixed_window(1_000_000_000, Duration::from_secs(365 * 24 * 3600));
@@ -30,18 +28,6 @@ async fn by_hand(x: u64) -> Result<u64, RateLimited> {
         return Err(RateLimited::from_decision(&decision));
     }
     Ok(x + 1)
-}
-
-/// The memory backend never waits: one poll finishes the call.
-fn ready<F: Future>(future: F) -> F::Output {
-    let mut future = pin!(future);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(output) => output,
-        Poll::Pending => unreachable!("the in-memory limiter does not wait"),
-    }
 }
 
 fn attribute_overhead(c: &mut Criterion) {

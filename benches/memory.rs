@@ -13,18 +13,16 @@
 //! check-and-consume; state stays between visits (as governor's does), except
 //! for the sliding log and concurrency (1 ms, so logs and leases stay short).
 
-use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use governor::{DefaultKeyedRateLimiter, Quota};
 use ratelimit_runtime::backend::memory::MemoryBackend;
 use ratelimit_runtime::{Algorithm, RateLimiter, Rule};
+use ratelimit_workspace::ready;
 
 const KEYS: usize = 100_000;
 
@@ -50,18 +48,6 @@ fn rule(algorithm: Algorithm) -> Rule {
 
 fn governor() -> DefaultKeyedRateLimiter<String> {
     governor::RateLimiter::keyed(Quota::per_second(NonZeroU32::MAX))
-}
-
-/// The memory backend never waits: one poll finishes a call.
-fn ready<F: Future>(future: F) -> F::Output {
-    let mut future = pin!(future);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(output) => output,
-        Poll::Pending => unreachable!("the in-memory limiter does not wait"),
-    }
 }
 
 /// One check-and-consume of our limiter (a concurrency rule takes and

@@ -513,3 +513,21 @@ fn free_cluster_port() -> u16 {
     }
     panic!("no free port pair for a cluster node");
 }
+
+/// Runs a future that is ready at once (the in-memory limiter never waits):
+/// one poll, no executor. For benchmarks.
+///
+/// # Panics
+///
+/// If the future is not ready after one poll.
+pub fn ready<F: std::future::Future>(future: F) -> F::Output {
+    use std::task::{Context, Poll, Waker};
+    let mut future = std::pin::pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(output) => output,
+        Poll::Pending => panic!("the future was not ready at once"),
+    }
+}

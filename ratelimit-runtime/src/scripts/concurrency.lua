@@ -17,16 +17,7 @@ local held = redis.call('ZCARD', KEYS[1])
 local allowed = 0
 if held + cost <= count then
     allowed = 1
-    -- In batches: unpack() has a stack limit.
-    local args = {}
-    for i = 0, cost - 1 do
-        args[#args + 1] = now + period
-        args[#args + 1] = ARGV[6] .. ':' .. i
-        if #args == 2000 or i == cost - 1 then
-            redis.call('ZADD', KEYS[1], unpack(args))
-            args = {}
-        end
-    end
+    add_units(now + period, ARGV[6], 0)
     held = held + cost
     redis.call('PEXPIRE', KEYS[1], math.ceil(period / 1000) + slack)
 end
@@ -36,13 +27,10 @@ local reset = 0
 if allowed == 1 then
     reset = period -- the newest lease is this one
 elseif held > 0 then
-    local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-    reset = tonumber(last[2]) - now
+    reset = score_at(-1) - now
 end
 local retry = 0
 if remaining < cost then
-    local index = held + cost - count - 1
-    local needed = redis.call('ZRANGE', KEYS[1], index, index, 'WITHSCORES')
-    retry = tonumber(needed[2]) - now
+    retry = score_at(held + cost - count - 1) - now
 end
 return {allowed, remaining, reset, retry}

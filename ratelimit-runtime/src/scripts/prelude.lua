@@ -33,3 +33,22 @@ local function load(tag)
     return fields
 end
 
+-- Adds `cost` members "prefix:first" .. "prefix:first+cost-1" scored `score`
+-- to the sorted set (in batches: unpack() has a stack limit).
+local function add_units(score, prefix, first)
+    local args = {}
+    for i = 0, cost - 1 do
+        args[#args + 1] = score
+        args[#args + 1] = string.format('%s:%d', prefix, first + i)
+        if #args == 2000 or i == cost - 1 then
+            redis.call('ZADD', KEYS[1], unpack(args))
+            args = {}
+        end
+    end
+end
+
+-- The score of the sorted set's member at rank `index` (-1: the last).
+local function score_at(index)
+    return tonumber(redis.call('ZRANGE', KEYS[1], index, index, 'WITHSCORES')[2])
+end
+

@@ -19,16 +19,7 @@ local allowed = 0
 if held + cost <= count then
     allowed = 1
     -- Members are unique: those already scored `now` have suffixes below `held`.
-    -- In batches: unpack() has a stack limit.
-    local args = {}
-    for i = 0, cost - 1 do
-        args[#args + 1] = now
-        args[#args + 1] = string.format('%.0f:%d', now, held + i)
-        if #args == 2000 or i == cost - 1 then
-            redis.call('ZADD', KEYS[1], unpack(args))
-            args = {}
-        end
-    end
+    add_units(now, string.format('%.0f', now), held)
     held = held + cost
     redis.call('PEXPIRE', KEYS[1], math.ceil(period / 1000) + slack)
 end
@@ -38,14 +29,11 @@ local reset = 0
 if allowed == 1 then
     reset = period -- the newest call is this one
 elseif held > 0 then
-    local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-    reset = tonumber(newest[2]) + period - now
+    reset = score_at(-1) + period - now
 end
 local retry = 0
 if remaining < cost then
     -- The oldest `held + cost - count` calls must leave the window first.
-    local index = held + cost - count - 1
-    local needed = redis.call('ZRANGE', KEYS[1], index, index, 'WITHSCORES')
-    retry = tonumber(needed[2]) + period - now
+    retry = score_at(held + cost - count - 1) + period - now
 end
 return {allowed, remaining, reset, retry}
