@@ -13,8 +13,13 @@
 //! Each run prints one JSON line: `{"backend", "algorithm", "concurrency",
 //! "ops", "ops_per_sec", "p50_us", "p99_us", "redis_usec_per_call"}`, the
 //! last from `INFO commandstats`: the server's own CPU time per check, all
-//! the commands a check takes together (one EVALSHA for us; a MULTI/EXEC
-//! pipeline for the peers). For `concurrency` an op is acquire + release. Set `RATELIMIT_REDIS_CPUS=1` to run
+//! the commands a check takes together, counted once (EVALSHA for us, whose
+//! time includes the commands the script calls; MULTI + EXEC for the peers,
+//! EXEC's time including the queued commands). For `concurrency` an op is
+//! acquire + release. `ratelimit` is the limiter as built by default (checks
+//! that wait at the same moment coalesced into one script call);
+//! `ratelimit-per-call` is the same with `.coalesce(false)`, one EVALSHA per
+//! check, the same shape of call as the raw floor. Set `RATELIMIT_REDIS_CPUS=1` to run
 //! redis-server pinned to core 1 (with `taskset`), and start the bench itself
 //! under `taskset -c 0` to give each side its own core.
 
@@ -159,9 +164,11 @@ impl Server {
         }
     }
 
-    /// The server's CPU time, in µs, over all nodes and all commands the
-    /// client sent (a script's inner commands are in the script's time).
-    fn usec_total(&self) -> f64 {
+    /// The server's CPU time, in µs, over all nodes, in the commands the
+    /// client sent itself (`sent`): the commands a script or a transaction
+    /// runs are listed too, but their time is already in EVALSHA's or
+    /// EXEC's, so they are not added again.
+    fn usec_total(&self, sent: &[&str]) -> f64 {
         let mut usec = 0.0;
         for node in self.nodes() {
             let info: String = redis::cmd("INFO")
@@ -170,19 +177,10 @@ impl Server {
                 .expect("INFO commandstats");
             for line in info.lines().filter(|l| l.starts_with("cmdstat_")) {
                 let name = line.split(':').next().unwrap_or_default();
-                // Bookkeeping of the bench itself, not of the limiter.
-                if matches!(
-                    name,
-                    "cmdstat_info"
-                        | "cmdstat_config"
-                        | "cmdstat_ping"
-                        | "cmdstat_client"
-                        | "cmdstat_cluster"
-                        | "cmdstat_script"
-                        | "cmdstat_hello"
-                        | "cmdstat_keys"
-                        | "cmdstat_flushall"
-                ) {
+                if !sent
+                    .iter()
+                    .any(|s| name.strip_prefix("cmdstat_") == Some(s))
+                {
                     continue;
                 }
                 let field = |key: &str| {
@@ -228,7 +226,14 @@ fn report(backend: &str, algorithm: &str, concurrency: usize, mut run: Run, usec
     );
 }
 
-async fn ours(server: &Server, name: &str, limiter: RateLimiter, options: &Options) {
+/// What a check of ours sends: one EVALSHA (a release is in the batch
+/// script when coalescing, else a ZREM of its own).
+const OURS: &[&str] = &["evalsha", "zrem"];
+const OURS_COALESCED: &[&str] = &["evalsha"];
+/// What the peers send: a MULTI/EXEC transaction.
+const TRANSACTION: &[&str] = &["multi", "exec"];
+
+async fn ours(server: &Server, name: &str, limiter: RateLimiter, sent: &[&str], options: &Options) {
     for &algorithm in &options.algorithms {
         let rule = rule(algorithm);
         for &concurrency in &options.concurrency {
@@ -250,7 +255,7 @@ async fn ours(server: &Server, name: &str, limiter: RateLimiter, options: &Optio
                 algorithm.name(),
                 concurrency,
                 run,
-                server.usec_total(),
+                server.usec_total(sent),
             );
         }
     }
@@ -295,7 +300,7 @@ async fn raw_floor(server: &Server, url: &str, options: &Options) {
                 algorithm.name(),
                 concurrency,
                 run,
-                server.usec_total(),
+                server.usec_total(&["evalsha"]),
             );
         }
     }
@@ -328,7 +333,7 @@ async fn peers(server: &Server, url: &str, options: &Options) {
             "fixed_window",
             concurrency,
             run,
-            server.usec_total(),
+            server.usec_total(TRANSACTION),
         );
     }
 
@@ -355,7 +360,7 @@ async fn peers(server: &Server, url: &str, options: &Options) {
             "fixed_window",
             concurrency,
             run,
-            server.usec_total(),
+            server.usec_total(TRANSACTION),
         );
     }
 }
@@ -380,8 +385,16 @@ fn main() {
                 .build()
                 .await
                 .expect("connecting");
-            ours(&server, "ratelimit", limiter, &options).await;
+            ours(&server, "ratelimit", limiter, OURS_COALESCED, &options).await;
             if options.baselines {
+                let per_call = RateLimiter::builder()
+                    .redis(url.as_str())
+                    .coalesce(false)
+                    .timeout(Duration::from_secs(5))
+                    .build()
+                    .await
+                    .expect("connecting");
+                ours(&server, "ratelimit-per-call", per_call, OURS, &options).await;
                 raw_floor(&server, &url, &options).await;
                 peers(&server, &url, &options).await;
             }
@@ -396,7 +409,7 @@ fn main() {
                 .build()
                 .await
                 .expect("connecting to the cluster");
-            ours(&server, "ratelimit-cluster", limiter, &options).await;
+            ours(&server, "ratelimit-cluster", limiter, OURS, &options).await;
         }
     });
 }

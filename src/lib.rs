@@ -166,6 +166,26 @@ impl RedisServer {
             .collect()
     }
 
+    /// The state a script keeps in a string key: its tag (`'F'`, `'W'`,
+    /// `'T'`, `'G'`) and its numbers (big-endian doubles after the tag), or
+    /// `None` when the key holds no such state.
+    pub fn stored_state(&self, key: &str) -> Option<(char, Vec<f64>)> {
+        let bytes: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(key)
+            .query(&mut self.connection())
+            .expect("GET");
+        let bytes = bytes?;
+        let (&tag, numbers) = bytes.split_first()?;
+        if numbers.len() % 8 != 0 {
+            return None;
+        }
+        let numbers = numbers
+            .chunks_exact(8)
+            .map(|chunk| f64::from_be_bytes(chunk.try_into().expect("8 bytes")))
+            .collect();
+        Some((char::from(tag), numbers))
+    }
+
     /// Panics unless every key matching `pattern` has a TTL, and at least one key matches.
     pub fn assert_all_keys_expire(&self, pattern: &str) {
         let keys = self.keys_with_pttl(pattern);

@@ -49,9 +49,10 @@ async fn attributed_fns_share_their_budget_through_redis() {
     assert!(outcomes[3..].iter().all(|o| o.is_err()));
 
     // The budget is in Redis: another client sees the counter.
-    let mut conn = server.connection();
-    let stored: String = redis::cmd("GET").arg("limiter:k").query(&mut conn).unwrap();
-    assert!(stored.starts_with("F:3:"), "3 units used: {stored}");
+    let (tag, numbers) = server
+        .stored_state("limiter:k")
+        .expect("a fixed-window state");
+    assert_eq!((tag, numbers[0]), ('F', 3.0), "3 units used: {numbers:?}");
 
     assert_eq!(per_user(42).await, "hello 42");
     assert_eq!(per_user(42).await, "later 42 (0 of 1 left)");

@@ -196,9 +196,11 @@ mod redis_only {
                 .await
                 .unwrap();
         }
+        let (tag, numbers) = redis
+            .stored_state("limiter:c")
+            .expect("a fixed-window state");
+        assert_eq!((tag, numbers[0]), ('F', 3.0), "{numbers:?}");
         let mut conn = redis.connection();
-        let stored: String = redis::cmd("GET").arg("limiter:c").query(&mut conn).unwrap();
-        assert!(stored.starts_with("F:3:"), "{stored}");
         let pttl: i64 = redis::cmd("PTTL")
             .arg("limiter:c")
             .query(&mut conn)

@@ -559,6 +559,8 @@ pub struct RateLimiterBuilder {
     start_degraded: bool,
     #[cfg(feature = "redis")]
     over_limit_cache: bool,
+    #[cfg(feature = "redis")]
+    per_check_calls: bool,
 }
 
 #[derive(Debug, Default)]
@@ -677,6 +679,16 @@ impl RateLimiterBuilder {
         self
     }
 
+    /// Coalesce the checks that wait for one Redis server at the same moment
+    /// into one script call (default `true`): each check stays atomic and
+    /// keeps one round trip, the server runs many per call. `false` sends
+    /// every check as its own `EVALSHA`. A cluster always does that.
+    #[cfg(feature = "redis")]
+    pub fn coalesce(mut self, coalesce: bool) -> Self {
+        self.per_check_calls = !coalesce;
+        self
+    }
+
     /// How long [`build`](RateLimiterBuilder::build) may take to connect to
     /// Redis and load the scripts (default 2 s).
     #[cfg(feature = "redis")]
@@ -691,6 +703,7 @@ impl RateLimiterBuilder {
             timeout: self.timeout.unwrap_or(DEFAULT_TIMEOUT),
             connect_timeout: self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             lazy: self.start_degraded,
+            coalesce: !self.per_check_calls,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Redis and Redis Cluster: every check is one Lua script run by `EVALSHA`
 //! on one multiplexed connection (or one cluster connection) shared by all
-//! tasks.
+//! tasks. On one server, checks that wait at the same moment are coalesced
+//! into one script call (see [`ConnectOptions::coalesce`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, Semaphore, mpsc, oneshot};
 
 use super::Backend;
 use crate::algorithm::Outcome;
@@ -32,11 +33,20 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// a node answers `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`).
 /// Cheap to clone: clones share the connection, which reconnects in the
 /// background after a failure. Every call has a deadline.
+///
+/// On a single server, checks are coalesced: while a script call is on its
+/// way, the checks that arrive meanwhile wait in a queue and go together in
+/// the next call, one `EVALSHA` of a batch script that runs each check in
+/// turn on its own key (each as atomic as alone; they share the server's
+/// clock reading). A lone check goes at once, so nothing waits when Redis
+/// keeps up; under load one round trip and one script call carry many checks.
 #[derive(Clone)]
 pub struct RedisBackend {
     conn: Arc<Conn>,
     scripts: Arc<Scripts>,
     timeout: Duration,
+    /// The queue of the task that sends coalesced checks (single server).
+    queue: Option<mpsc::UnboundedSender<Job>>,
 }
 
 /// Where to connect, and the connection once made.
@@ -96,7 +106,7 @@ impl Conn {
                 }
                 Target::Cluster(client) => Live::Cluster(client.get_async_connection().await?),
             };
-            for script in &scripts.by_algorithm {
+            for script in scripts.all() {
                 live.load(script).await?;
             }
             Ok::<_, RedisError>(live)
@@ -112,22 +122,32 @@ impl Conn {
 struct Scripts {
     /// Indexed like [`Algorithm::ALL`].
     by_algorithm: [Script; 6],
+    /// Many checks of any algorithms, or releases, in one call.
+    batch: Script,
 }
 
 impl Scripts {
     fn new() -> Scripts {
         Scripts {
             by_algorithm: Algorithm::ALL.map(|algorithm| Script::new(source(algorithm))),
+            batch: Script::new(BATCH),
         }
     }
 
-    fn for_rule(&self, rule: &Rule) -> &Script {
-        let index = Algorithm::ALL
-            .iter()
-            .position(|a| *a == rule.algorithm())
-            .expect("every algorithm has a script");
-        &self.by_algorithm[index]
+    fn all(&self) -> impl Iterator<Item = &Script> {
+        self.by_algorithm.iter().chain([&self.batch])
     }
+
+    fn for_rule(&self, rule: &Rule) -> &Script {
+        &self.by_algorithm[algorithm_index(rule.algorithm())]
+    }
+}
+
+fn algorithm_index(algorithm: Algorithm) -> usize {
+    Algorithm::ALL
+        .iter()
+        .position(|a| *a == algorithm)
+        .expect("every algorithm has a script")
 }
 
 /// The Lua source of an algorithm's script (for benchmarks that call it
@@ -137,21 +157,208 @@ pub fn lua_source(algorithm: Algorithm) -> &'static str {
     source(algorithm)
 }
 
-/// The Lua source of an algorithm's script: the shared prelude, then the
-/// algorithm (one script each, as Redis runs them).
+/// The Lua source of an algorithm's own script: the shared prelude, the
+/// algorithm's function, and the driver that runs it once.
 pub(crate) fn source(algorithm: Algorithm) -> &'static str {
     macro_rules! script {
-        ($file:literal) => {
-            concat!(include_str!("../scripts/prelude.lua"), include_str!($file))
+        ($name:literal) => {
+            concat!(
+                include_str!("../scripts/prelude.lua"),
+                include_str!(concat!("../scripts/", $name, ".lua")),
+                "\nlocal check = ",
+                $name,
+                "\n",
+                include_str!("../scripts/single.lua"),
+            )
         };
     }
     match algorithm {
-        Algorithm::FixedWindow => script!("../scripts/fixed_window.lua"),
-        Algorithm::SlidingLog => script!("../scripts/sliding_log.lua"),
-        Algorithm::SlidingWindow => script!("../scripts/sliding_window.lua"),
-        Algorithm::TokenBucket => script!("../scripts/token_bucket.lua"),
-        Algorithm::Gcra => script!("../scripts/gcra.lua"),
-        Algorithm::Concurrency => script!("../scripts/concurrency.lua"),
+        Algorithm::FixedWindow => script!("fixed_window"),
+        Algorithm::SlidingLog => script!("sliding_log"),
+        Algorithm::SlidingWindow => script!("sliding_window"),
+        Algorithm::TokenBucket => script!("token_bucket"),
+        Algorithm::Gcra => script!("gcra"),
+        Algorithm::Concurrency => script!("concurrency"),
+    }
+}
+
+/// The batch script: every algorithm, and the driver that runs many checks.
+const BATCH: &str = concat!(
+    include_str!("../scripts/prelude.lua"),
+    include_str!("../scripts/fixed_window.lua"),
+    include_str!("../scripts/sliding_log.lua"),
+    include_str!("../scripts/sliding_window.lua"),
+    include_str!("../scripts/token_bucket.lua"),
+    include_str!("../scripts/gcra.lua"),
+    include_str!("../scripts/concurrency.lua"),
+    include_str!("../scripts/batch.lua"),
+);
+
+/// The most checks one batch carries (a batch holds the server for its
+/// whole run: about a microsecond or two per check).
+const MAX_BATCH: usize = 128;
+
+/// How many batches may be on their way at once. Two keep the connection
+/// busy while the next batch fills; one or more than two measured slower
+/// (`cargo bench --bench load`).
+const IN_FLIGHT: usize = 2;
+
+/// `what` of a release in the batch script (checks are 1..=6, the
+/// algorithm's place in [`Algorithm::ALL`] plus one).
+const RELEASE: u8 = 7;
+
+/// One check (or release) waiting in the queue for the next batch.
+struct Job {
+    what: u8,
+    key: Box<str>,
+    count: u64,
+    burst: u64,
+    period_us: u64,
+    cost: u64,
+    now: Option<u64>,
+    lease: Option<u64>,
+    reply: oneshot::Sender<Result<[i64; 4], Error>>,
+}
+
+/// Takes the queued checks in batches and sends each batch as one
+/// `EVALSHA`, at most [`IN_FLIGHT`] at a time. Ends when every clone of the
+/// backend is gone.
+async fn run_batches(
+    mut queue: mpsc::UnboundedReceiver<Job>,
+    conn: Arc<Conn>,
+    scripts: Arc<Scripts>,
+) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    loop {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        let mut jobs = Vec::with_capacity(16);
+        if queue.recv_many(&mut jobs, MAX_BATCH).await == 0 {
+            return;
+        }
+        // Let the tasks just woken by the last answer queue their next
+        // checks before this batch leaves (a lone check waits for one yield;
+        // under load batches come out several times larger).
+        tokio::task::yield_now().await;
+        while jobs.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let (conn, scripts) = (Arc::clone(&conn), Arc::clone(&scripts));
+        tokio::spawn(async move {
+            send_batch(jobs, &conn, &scripts).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Runs one batch and hands each check its answer (or the batch's error).
+async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
+    // A check whose caller gave up (timed out, cancelled) is not run.
+    jobs.retain(|job| !job.reply.is_closed());
+    if jobs.is_empty() {
+        return;
+    }
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(scripts.batch.get_hash()).arg(jobs.len());
+    for job in &jobs {
+        cmd.arg(&*job.key);
+    }
+    // The numbers go packed in one argument (see batch.lua); lease ids
+    // follow, each as its own argument.
+    let mut packed = Vec::with_capacity(jobs.len() * 7 * 8);
+    let mut leases = 0u32;
+    for job in &jobs {
+        let lease_at = match job.lease {
+            Some(_) => {
+                leases += 1;
+                f64::from(leases + 1)
+            }
+            None => 0.0,
+        };
+        let now = job.now.map_or(-1.0, |now| now as f64);
+        for number in [
+            f64::from(job.what),
+            job.count as f64,
+            job.burst as f64,
+            job.period_us as f64,
+            job.cost as f64,
+            now,
+            lease_at,
+        ] {
+            packed.extend_from_slice(&number.to_be_bytes());
+        }
+    }
+    cmd.arg(packed);
+    for lease in jobs.iter().filter_map(|job| job.lease) {
+        cmd.arg(lease);
+    }
+    let reply: Result<Vec<u8>, Error> = async {
+        let mut live = conn.get(scripts).await?;
+        let reply = match live.query(&cmd).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                live.load(&scripts.batch).await.map_err(Error::backend)?;
+                live.query(&cmd).await
+            }
+            reply => reply,
+        };
+        reply.map_err(Error::backend)
+    }
+    .await;
+    match reply {
+        Ok(packed) if packed.len() == 32 * jobs.len() => {
+            for (job, answer) in jobs.into_iter().zip(packed.chunks_exact(32)) {
+                // Whole numbers below 2^53, exact as doubles.
+                let number = |i: usize| {
+                    let bytes = answer[8 * i..8 * i + 8].try_into().expect("8 bytes");
+                    f64::from_be_bytes(bytes) as i64
+                };
+                let _ = job
+                    .reply
+                    .send(Ok([number(0), number(1), number(2), number(3)]));
+            }
+        }
+        Ok(packed) => {
+            let error = Shared(Arc::new(Error::Config(format!(
+                "the batch script answered {} bytes for {} checks",
+                packed.len(),
+                jobs.len()
+            ))));
+            for job in jobs {
+                let _ = job.reply.send(Err(Error::backend(error.clone())));
+            }
+        }
+        Err(error) => {
+            let error = Shared(Arc::new(error));
+            for job in jobs {
+                let _ = job.reply.send(Err(Error::backend(error.clone())));
+            }
+        }
+    }
+}
+
+/// One batch's failure, given to each of its checks.
+#[derive(Clone, Debug)]
+struct Shared(Arc<Error>);
+
+impl fmt::Display for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &*self.0 {
+            Error::Backend(source) => fmt::Display::fmt(source, f),
+            other => fmt::Display::fmt(other, f),
+        }
+    }
+}
+
+impl std::error::Error for Shared {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &*self.0 {
+            Error::Backend(source) => source.source(),
+            _ => None,
+        }
     }
 }
 
@@ -177,6 +384,10 @@ pub struct ConnectOptions {
     pub connect_timeout: Duration,
     /// Start even if Redis cannot be reached; connect on first use.
     pub lazy: bool,
+    /// Coalesce checks that wait at the same moment into one script call
+    /// (single server only; a cluster spreads keys over slots, so every
+    /// check there is its own call). On by default.
+    pub coalesce: bool,
 }
 
 impl Default for ConnectOptions {
@@ -185,6 +396,7 @@ impl Default for ConnectOptions {
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             lazy: false,
+            coalesce: true,
         }
     }
 }
@@ -208,7 +420,7 @@ impl RedisBackend {
             ConnectOptions {
                 timeout,
                 connect_timeout,
-                lazy: false,
+                ..ConnectOptions::default()
             },
         )
         .await
@@ -244,7 +456,8 @@ impl RedisBackend {
     }
 
     async fn start(target: Target, options: ConnectOptions) -> Result<RedisBackend, Error> {
-        let backend = RedisBackend {
+        let coalesce = options.coalesce && matches!(target, Target::Single(_));
+        let mut backend = RedisBackend {
             conn: Arc::new(Conn {
                 target,
                 live: OnceCell::new(),
@@ -253,7 +466,17 @@ impl RedisBackend {
             }),
             scripts: Arc::new(Scripts::new()),
             timeout: options.timeout,
+            queue: None,
         };
+        if coalesce {
+            let (queue, jobs) = mpsc::unbounded_channel();
+            tokio::spawn(run_batches(
+                jobs,
+                Arc::clone(&backend.conn),
+                Arc::clone(&backend.scripts),
+            ));
+            backend.queue = Some(queue);
+        }
         match backend.conn.get(&backend.scripts).await {
             Ok(_) => Ok(backend),
             Err(error) if options.lazy => {
@@ -275,6 +498,69 @@ impl RedisBackend {
         now: Option<u64>,
         lease: Option<u64>,
     ) -> Result<Decision, Error> {
+        let [allowed, remaining, reset_us, retry_us] = match &self.queue {
+            Some(queue) => {
+                let what = algorithm_index(rule.algorithm()) as u8 + 1;
+                self.queued(queue, what, rule, key, cost, now, lease)
+                    .await?
+            }
+            None => self.alone(rule, key, cost, now, lease).await?,
+        };
+        let micros = |n: i64| u64::try_from(n).unwrap_or(0);
+        Ok(Outcome {
+            allowed: allowed == 1,
+            remaining: micros(remaining),
+            reset_after_us: micros(reset_us),
+            retry_after_us: micros(retry_us),
+        }
+        .decision(rule))
+    }
+
+    /// Queues a check (or release) for the next batch and waits for its
+    /// answer, within the deadline.
+    #[allow(clippy::too_many_arguments)]
+    async fn queued(
+        &self,
+        queue: &mpsc::UnboundedSender<Job>,
+        what: u8,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        now: Option<u64>,
+        lease: Option<u64>,
+    ) -> Result<[i64; 4], Error> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            what,
+            key: key.into(),
+            count: rule.count(),
+            burst: rule.burst(),
+            period_us: rule.period_us(),
+            cost,
+            now,
+            lease,
+            reply,
+        };
+        if queue.send(job).is_err() {
+            return Err(Error::backend(Stopped));
+        }
+        match tokio::time::timeout(self.timeout, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(Error::backend(Stopped)),
+            Err(_) => Err(Error::backend(TimedOut(self.timeout))),
+        }
+    }
+
+    /// Runs the rule's own script for one check: one round trip (two after
+    /// a `NOSCRIPT`).
+    async fn alone(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        now: Option<u64>,
+        lease: Option<u64>,
+    ) -> Result<[i64; 4], Error> {
         let script = self.scripts.for_rule(rule);
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash())
@@ -307,14 +593,7 @@ impl RedisBackend {
                 Ok(reply) => reply?,
                 Err(_) => return Err(Error::backend(TimedOut(self.timeout))),
             };
-        let micros = |n: i64| u64::try_from(n).unwrap_or(0);
-        Ok(Outcome {
-            allowed: allowed == 1,
-            remaining: micros(remaining),
-            reset_after_us: micros(reset_us),
-            retry_after_us: micros(retry_us),
-        }
-        .decision(rule))
+        Ok([allowed, remaining, reset_us, retry_us])
     }
 
     /// Runs a check as if the server's clock read `now` (time since the Unix
@@ -366,7 +645,13 @@ impl Backend for RedisBackend {
         self.eval(rule, key, cost, None, Some(lease)).await
     }
 
-    async fn release(&self, _rule: &Rule, key: &str, cost: u64, lease: u64) -> Result<(), Error> {
+    async fn release(&self, rule: &Rule, key: &str, cost: u64, lease: u64) -> Result<(), Error> {
+        if let Some(queue) = &self.queue {
+            return self
+                .queued(queue, RELEASE, rule, key, cost, None, Some(lease))
+                .await
+                .map(drop);
+        }
         let mut cmd = redis::cmd("ZREM");
         cmd.arg(key);
         for unit in 0..cost {
@@ -397,3 +682,15 @@ impl fmt::Display for TimedOut {
 }
 
 impl std::error::Error for TimedOut {}
+
+/// The task that sends coalesced checks is gone (its Tokio runtime ended).
+#[derive(Debug)]
+struct Stopped;
+
+impl fmt::Display for Stopped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the Redis backend's task has stopped (its Tokio runtime ended)")
+    }
+}
+
+impl std::error::Error for Stopped {}

@@ -1,39 +1,39 @@
+
 -- sliding_log: an exact sliding window on a sorted set of call times (seed 002,
 -- as one atomic script). At most `count` units in any interval of length
 -- `period`; the set never holds more than `count` members. Mirrors
 -- sliding_log() in src/algorithm.rs.
 --
--- KEYS[1]  sorted set: one member per unit, scored by its call time (µs)
--- ARGV     see prelude.lua
--- Returns  {allowed (1|0), remaining, reset_after (µs), retry_after (µs)}
+-- key  sorted set: one member per unit, scored by its call time (µs)
+local function sliding_log(key, now, slack, count, burst, period, cost)
+    -- A call at time t counts while now < t + period.
+    local trimmed = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', now - period)
+    if type(trimmed) == 'table' then
+        -- Another type under this key (another algorithm's state): start
+        -- afresh, as the memory backend does.
+        redis.call('DEL', key)
+    end
+    local held = redis.call('ZCARD', key)
+    local allowed = 0
+    if held + cost <= count then
+        allowed = 1
+        -- Members are unique: those already scored `now` have suffixes below `held`.
+        add_units(key, cost, now, string.format('%.0f', now), held)
+        held = held + cost
+        redis.call('PEXPIRE', key, math.ceil(period / 1000) + slack)
+    end
 
--- A call at time t counts while now < t + period.
-local trimmed = redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - period)
-if type(trimmed) == 'table' then
-    -- Another type under this key (another algorithm's state): start afresh,
-    -- as the memory backend does.
-    redis.call('DEL', KEYS[1])
+    local remaining = math.max(count - held, 0)
+    local reset = 0
+    if allowed == 1 then
+        reset = period -- the newest call is this one
+    elseif held > 0 then
+        reset = score_at(key, -1) + period - now
+    end
+    local retry = 0
+    if remaining < cost then
+        -- The oldest `held + cost - count` calls must leave the window first.
+        retry = score_at(key, held + cost - count - 1) + period - now
+    end
+    return allowed, remaining, reset, retry
 end
-local held = redis.call('ZCARD', KEYS[1])
-local allowed = 0
-if held + cost <= count then
-    allowed = 1
-    -- Members are unique: those already scored `now` have suffixes below `held`.
-    add_units(now, string.format('%.0f', now), held)
-    held = held + cost
-    redis.call('PEXPIRE', KEYS[1], math.ceil(period / 1000) + slack)
-end
-
-local remaining = math.max(count - held, 0)
-local reset = 0
-if allowed == 1 then
-    reset = period -- the newest call is this one
-elseif held > 0 then
-    reset = score_at(-1) + period - now
-end
-local retry = 0
-if remaining < cost then
-    -- The oldest `held + cost - count` calls must leave the window first.
-    retry = score_at(held + cost - count - 1) + period - now
-end
-return {allowed, remaining, reset, retry}

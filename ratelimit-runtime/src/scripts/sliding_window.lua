@@ -1,63 +1,63 @@
+
 -- sliding_window: the two-counter approximation of a sliding window. Windows
 -- are aligned to the server clock; the previous window's count is weighted by
 -- how much of it still overlaps. O(1) memory. Mirrors sliding_window() in
 -- src/algorithm.rs, including its double arithmetic (so both round alike).
 --
--- KEYS[1]  "W:start:cur:prev" (start of the current window in µs)
--- ARGV     see prelude.lua
--- Returns  {allowed (1|0), remaining, reset_after (µs), retry_after (µs)}
+-- key  "W" .. (start, cur, prev) packed (start of the current window in µs)
 
-local function weighted(n, span)
+local function weighted(n, span, period)
     return math.floor(n * span / period)
 end
 -- The first offset e in [0, period] into a window at which a previous window
 -- holding n weighs at most `at_most`.
-local function first_offset(n, at_most)
+local function first_offset(n, at_most, period)
     local guess = period - (at_most + 1) * period / n
     local e = 0
     if guess >= 0 then e = math.min(math.floor(guess) + 1, period) end
-    while e < period and weighted(n, period - e) > at_most do e = e + 1 end
-    while e > 0 and weighted(n, period - (e - 1)) <= at_most do e = e - 1 end
+    while e < period and weighted(n, period - e, period) > at_most do e = e + 1 end
+    while e > 0 and weighted(n, period - (e - 1), period) <= at_most do e = e - 1 end
     return e
 end
 
--- math.fmod is exact here; Lua's % (a - floor(a/b)*b) can be off for 16-digit numbers.
-local start = now - math.fmod(now, period)
-local cur, prev = 0, 0
-local stored = load('W')
-if stored then
-    local s, c, p = stored[1], stored[2], stored[3]
-    if s + period == start then
-        prev = c
-    elseif s == start then
-        cur, prev = c, p
+local function sliding_window(key, now, slack, count, burst, period, cost)
+    -- math.fmod is exact here; Lua's % (a - floor(a/b)*b) can be off for 16-digit numbers.
+    local start = now - math.fmod(now, period)
+    local cur, prev = 0, 0
+    local s, c, p = load(key, 'W', 3)
+    if s then
+        if s + period == start then
+            prev = c
+        elseif s == start then
+            cur, prev = c, p
+        end
     end
-end
 
-local elapsed = now - start
-local used = cur + weighted(prev, period - elapsed)
-local allowed = 0
-if used + cost <= count then
-    allowed = 1
-    cur, used = cur + cost, used + cost
-    -- Worth keeping until this window's count has faded: the end of the next one.
-    redis.call('SET', KEYS[1], string.format('W:%.0f:%.0f:%.0f', start, cur, prev),
-        'PX', math.ceil((2 * period - elapsed) / 1000) + slack)
-end
-
-local remaining = math.max(count - used, 0)
-local reset = 0
-if cur > 0 then
-    reset = 2 * period - elapsed
-elseif prev > 0 then
-    reset = period - elapsed
-end
-local retry = 0
-if remaining < cost then
-    if cur + cost <= count then
-        retry = first_offset(prev, count - cost - cur) - elapsed
-    else
-        retry = period - elapsed + first_offset(cur, count - cost)
+    local elapsed = now - start
+    local used = cur + weighted(prev, period - elapsed, period)
+    local allowed = 0
+    if used + cost <= count then
+        allowed = 1
+        cur, used = cur + cost, used + cost
+        -- Worth keeping until this window's count has faded: the end of the next one.
+        redis.call('SET', key, 'W' .. struct.pack('>ddd', start, cur, prev),
+            'PX', math.ceil((2 * period - elapsed) / 1000) + slack)
     end
+
+    local remaining = math.max(count - used, 0)
+    local reset = 0
+    if cur > 0 then
+        reset = 2 * period - elapsed
+    elseif prev > 0 then
+        reset = period - elapsed
+    end
+    local retry = 0
+    if remaining < cost then
+        if cur + cost <= count then
+            retry = first_offset(prev, count - cost - cur, period) - elapsed
+        else
+            retry = period - elapsed + first_offset(cur, count - cost, period)
+        end
+    end
+    return allowed, remaining, reset, retry
 end
-return {allowed, remaining, reset, retry}

@@ -1,0 +1,177 @@
+//! Coalesced checks on one redis-server: many concurrent checks of mixed
+//! algorithms and keys go out in fewer script calls than checks, and
+//! each still gets exactly the answer it would get alone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratelimit_runtime::{RateLimiter, Rule};
+use ratelimit_workspace::RedisServer;
+
+const RULES: [Rule; 5] = [
+    Rule::fixed_window(30, Duration::from_secs(60)),
+    Rule::sliding_log(30, Duration::from_secs(60)),
+    Rule::sliding_window(30, Duration::from_secs(60)),
+    Rule::token_bucket(1, Duration::from_secs(60)).with_burst(30),
+    Rule::gcra(1, Duration::from_secs(60)).with_burst(30),
+];
+const LEASES: Rule = Rule::concurrency(20, Duration::from_secs(60));
+
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.connection())
+        .expect("INFO commandstats");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
+        .unwrap_or(0)
+}
+
+/// 100 concurrent checks per rule on one key each, plus 100
+/// concurrent leases: every rule lets exactly 30 units through, the leases
+/// never exceed 20 in flight, and keys all carry a TTL. Returns how many
+/// script calls carried the checks.
+async fn mixed_burst(limiter: &RateLimiter, server: &RedisServer) -> (u64, u64) {
+    let before = evalsha_calls(server);
+    let mut tasks = Vec::new();
+    for (r, rule) in RULES.iter().enumerate() {
+        for _ in 0..100 {
+            let limiter = limiter.clone();
+            let rule = *rule;
+            tasks.push(tokio::spawn(async move {
+                let decision = limiter
+                    .check(&rule, &format!("co:{r}"))
+                    .await
+                    .expect("Redis answers");
+                (r, u64::from(decision.allowed))
+            }));
+        }
+    }
+    let in_flight = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut leases = Vec::new();
+    for _ in 0..100 {
+        let (limiter, in_flight, peak) = (limiter.clone(), in_flight.clone(), peak.clone());
+        leases.push(tokio::spawn(async move {
+            let permit = limiter.acquire(&LEASES, "co:leases", 1).await.unwrap();
+            if permit.decision().allowed {
+                let now = in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                peak.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                permit.release().await.unwrap();
+                1
+            } else {
+                0
+            }
+        }));
+    }
+    let mut used = [0u64; RULES.len()];
+    for task in tasks {
+        let (r, units) = task.await.unwrap();
+        used[r] += units;
+    }
+    let mut granted = 0;
+    for lease in leases {
+        granted += lease.await.unwrap();
+    }
+    for (r, units) in used.iter().enumerate() {
+        assert_eq!(*units, 30, "{:?}: allowed of 30", RULES[r].algorithm());
+    }
+    let peak = peak.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        granted >= 20 && peak <= 20,
+        "{granted} leases, {peak} at once"
+    );
+    server.assert_all_keys_expire("co:*");
+    let calls = evalsha_calls(server) - before;
+    // 500 checks + up to 100 acquires and their releases.
+    (calls, 500 + 100 + granted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_checks_share_script_calls_and_keep_their_answers() {
+    let server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let (calls, checks) = mixed_burst(&limiter, &server).await;
+    assert!(
+        calls * 2 < checks,
+        "{checks} checks took {calls} script calls: not coalesced"
+    );
+    // The budgets are spent in Redis, not only in the answers.
+    for (r, rule) in RULES.iter().enumerate() {
+        let decision = limiter.check(rule, &format!("co:{r}")).await.unwrap();
+        assert!(!decision.allowed, "{:?} after 30", rule.algorithm());
+        assert_eq!(decision.remaining, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_coalescing_every_check_is_its_own_call() {
+    let server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .redis(server.url())
+        .coalesce(false)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let (calls, checks) = mixed_burst(&limiter, &server).await;
+    // Releases are plain ZREMs then, not script calls.
+    let releases = checks - 600;
+    assert_eq!(calls, checks - releases, "one EVALSHA per check");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_fails_each_of_its_checks_and_the_next_one_works() {
+    let mut server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .redis(server.url())
+        .on_backend_error(ratelimit_runtime::OnError::Deny)
+        .timeout(Duration::from_millis(300))
+        .probe_interval(Duration::from_millis(50))
+        .build()
+        .await
+        .unwrap();
+    let rule = RULES[0];
+    assert!(limiter.check(&rule, "co:f").await.unwrap().allowed);
+    server.kill();
+    let started = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let limiter = limiter.clone();
+        tasks.push(tokio::spawn(
+            async move { limiter.check(&rule, "co:f").await },
+        ));
+    }
+    for task in tasks {
+        let answer = task.await.unwrap();
+        assert!(
+            matches!(answer, Err(ratelimit_runtime::Error::Backend(_))),
+            "deny while Redis is down: {answer:?}"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "answered within the deadline"
+    );
+    server.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(decision) = limiter.check(&rule, "co:g").await {
+            assert!(decision.allowed, "a fresh key");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Redis back, checks pass again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
