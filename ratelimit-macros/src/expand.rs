@@ -131,9 +131,8 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
             let __ratelimit_reply_req = ::core::clone::Clone::clone(&#req);
             let mut __ratelimit_seen: [#rt::Option<#rt::actix::Report>; #n] = [#rt::Option::None; #n];
             #(#checks)*
-            let __ratelimit_headers = #rt::actix::headers_for(&__ratelimit_seen, &__ratelimit_reply_req);
             let __ratelimit_out #typed = async move #body.await;
-            #rt::actix::with_headers(__ratelimit_out, __ratelimit_headers, &__ratelimit_reply_req)
+            #rt::actix::allowed(__ratelimit_out, &__ratelimit_seen, &__ratelimit_reply_req)
         })
     } else {
         quote!({

@@ -27,6 +27,7 @@ use actix_web::body::{BoxBody, EitherBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
 use actix_web::http::StatusCode;
 use actix_web::http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use actix_web::web::Bytes;
 use actix_web::{HttpRequest, HttpResponse, Responder, ResponseError, web};
 
 use crate::{Cause, Decision, Error, OnError, RateLimited, RateLimiter, Rule};
@@ -349,18 +350,26 @@ fn sf_string(out: &mut String, text: &str) {
     out.push('"');
 }
 
-/// The header fields for these rules' reports.
-pub(crate) fn rate_limit_headers(
+/// Appends the header fields for these rules' reports to `headers`.
+///
+/// On every allowed response of a limited handler: each value is written
+/// once into its own buffer, which the header map then owns (no copy), and
+/// the reports are read where they are (no list collected).
+pub(crate) fn append_rate_limit_headers<'a, I>(
     style: HeaderStyle,
-    reports: &[Report],
-) -> Vec<(HeaderName, HeaderValue)> {
-    let mut headers = Vec::new();
-    if reports.is_empty() {
-        return headers;
+    reports: I,
+    headers: &mut HeaderMap,
+) where
+    I: IntoIterator<Item = &'a Report>,
+    I::IntoIter: Clone,
+{
+    let reports = reports.into_iter();
+    if reports.clone().next().is_none() {
+        return;
     }
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
-        let (mut policy, mut state) = (String::new(), String::new());
-        for (i, report) in reports.iter().enumerate() {
+        let (mut policy, mut state) = (String::with_capacity(48), String::with_capacity(48));
+        for (i, report) in reports.clone().enumerate() {
             if i > 0 {
                 policy.push_str(", ");
                 state.push_str(", ");
@@ -381,31 +390,29 @@ pub(crate) fn rate_limit_headers(
             );
         }
         for (name, value) in [("ratelimit-policy", policy), ("ratelimit", state)] {
-            if let Ok(value) = HeaderValue::from_str(&value) {
-                headers.push((HeaderName::from_static(name), value));
+            if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
+                headers.append(HeaderName::from_static(name), value);
             }
         }
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
         // One set of numbers: the rule closest to refusing.
         let tightest = reports
-            .iter()
             .min_by_key(|r| (r.remaining, std::cmp::Reverse(r.reset_after)))
             .expect("not empty");
-        headers.push((
+        headers.append(
             HeaderName::from_static("x-ratelimit-limit"),
             tightest.limit.into(),
-        ));
-        headers.push((
+        );
+        headers.append(
             HeaderName::from_static("x-ratelimit-remaining"),
             tightest.remaining.into(),
-        ));
-        headers.push((
+        );
+        headers.append(
             HeaderName::from_static("x-ratelimit-reset"),
             secs_up(tightest.reset_after).into(),
-        ));
+        );
     }
-    headers
 }
 
 /// The response for a refusal: status by cause, `Retry-After`, rate-limit
@@ -415,9 +422,6 @@ fn refusal(limited: &RateLimited, reports: &[Report], options: &HttpOptions) -> 
     let mut response = HttpResponse::build(status);
     if limited.cause != Cause::UnknownClient {
         response.insert_header((RETRY_AFTER, HeaderValue::from(limited.retry_after_secs())));
-    }
-    for header in rate_limit_headers(options.headers, reports) {
-        response.append_header(header);
     }
     let retry = limited.retry_after_secs();
     let (code, text) = match limited.cause {
@@ -434,7 +438,7 @@ fn refusal(limited: &RateLimited, reports: &[Report], options: &HttpOptions) -> 
             "Bad Request: cannot tell who the client is\n".to_owned(),
         ),
     };
-    if options.json {
+    let mut response = if options.json {
         response.insert_header((CONTENT_TYPE, HeaderValue::from_static("application/json")));
         response.body(format!(
             "{{\"error\":\"{code}\",\"retry_after\":{retry},\"limit\":{},\"remaining\":{}}}",
@@ -446,7 +450,9 @@ fn refusal(limited: &RateLimited, reports: &[Report], options: &HttpOptions) -> 
             HeaderValue::from_static("text/plain; charset=utf-8"),
         ));
         response.body(text)
-    }
+    };
+    append_rate_limit_headers(options.headers, reports, response.headers_mut());
+    response
 }
 
 /// `429 Too Many Requests` (`503` for a backend failure under `deny`, `400`
@@ -532,10 +538,13 @@ pub fn refused(limited: RateLimited, seen: &[Option<Report>], req: &HttpRequest)
     refusal(&limited, &reports, options)
 }
 
-/// The headers for the rules a handler's call passed.
-pub fn headers_for(seen: &[Option<Report>], req: &HttpRequest) -> Vec<(HeaderName, HeaderValue)> {
-    let reports: Vec<Report> = seen.iter().flatten().copied().collect();
-    rate_limit_headers(limiter_for(req).http_options().headers, &reports)
+/// A handler's own response with the rate-limit headers of the rules its
+/// call passed.
+pub fn allowed<R: Responder>(value: R, seen: &[Option<Report>], req: &HttpRequest) -> HttpResponse {
+    let mut response = respond(value, req);
+    let style = limiter_for(req).http_options().headers;
+    append_rate_limit_headers(style, seen.iter().flatten(), response.headers_mut());
+    response
 }
 
 /// A fallback's response to a refusal, with every rule's headers (the
@@ -546,23 +555,11 @@ pub fn demoted<R: Responder>(
     seen: &[Option<Report>],
     req: &HttpRequest,
 ) -> HttpResponse {
-    let mut reports: Vec<Report> = seen.iter().flatten().copied().collect();
-    reports.push(Report::from_refusal(limited));
-    let headers = rate_limit_headers(limiter_for(req).http_options().headers, &reports);
-    with_headers(value, headers, req)
-}
-
-/// A handler's own response (its body's, or its fallback's) with the
-/// rate-limit headers added.
-pub fn with_headers<R: Responder>(
-    value: R,
-    headers: Vec<(HeaderName, HeaderValue)>,
-    req: &HttpRequest,
-) -> HttpResponse {
+    let refusing = Report::from_refusal(limited);
     let mut response = respond(value, req);
-    for (name, value) in headers {
-        response.headers_mut().append(name, value);
-    }
+    let style = limiter_for(req).http_options().headers;
+    let reports = seen.iter().flatten().chain(std::iter::once(&refusing));
+    append_rate_limit_headers(style, reports, response.headers_mut());
     response
 }
 
@@ -819,12 +816,10 @@ where
                 return Ok(req.into_response(response).map_into_right_body());
             }
             let report = Report::new(config.name, &rule, &decision);
-            let headers = rate_limit_headers(limiter.http_options().headers, &[report]);
+            let style = limiter.http_options().headers;
             let mut response = service.call(req).await?;
             drop(permit);
-            for (name, value) in headers {
-                response.headers_mut().append(name, value);
-            }
+            append_rate_limit_headers(style, [&report], response.headers_mut());
             Ok(response.map_into_left_body())
         })
     }
@@ -1010,23 +1005,25 @@ mod tests {
                 reset_after: Duration::from_secs(3599),
             },
         ];
-        let rendered: Vec<(String, String)> = rate_limit_headers(HeaderStyle::Both, &reports)
-            .into_iter()
+        let mut headers = HeaderMap::new();
+        append_rate_limit_headers(HeaderStyle::Both, &reports, &mut headers);
+        let mut rendered: Vec<(String, String)> = headers
+            .iter()
             .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
             .collect();
-        assert_eq!(
-            rendered,
-            [
-                (
-                    "ratelimit-policy",
-                    r#""burst";q=10;w=2, "say \"hi\"";q=1000;w=3600"#
-                ),
-                ("ratelimit", r#""burst";r=3;t=1, "say \"hi\"";r=999;t=3599"#),
-                ("x-ratelimit-limit", "10"),
-                ("x-ratelimit-remaining", "3"),
-                ("x-ratelimit-reset", "1"),
-            ]
-            .map(|(n, v)| (n.to_owned(), v.to_owned()))
-        );
+        rendered.sort();
+        let mut expected = [
+            (
+                "ratelimit-policy",
+                r#""burst";q=10;w=2, "say \"hi\"";q=1000;w=3600"#,
+            ),
+            ("ratelimit", r#""burst";r=3;t=1, "say \"hi\"";r=999;t=3599"#),
+            ("x-ratelimit-limit", "10"),
+            ("x-ratelimit-remaining", "3"),
+            ("x-ratelimit-reset", "1"),
+        ]
+        .map(|(n, v)| (n.to_owned(), v.to_owned()));
+        expected.sort();
+        assert_eq!(rendered, expected);
     }
 }

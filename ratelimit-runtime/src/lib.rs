@@ -49,8 +49,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Each check is one atomic step: in Redis one Lua script (`EVALSHA`) on one
-//! key, on the server's clock, with a TTL on every key it writes. If Redis
+//! Each check is one atomic step: in Redis one Lua script run on one key, on
+//! the server's clock, with a TTL on every key it writes (checks waiting at
+//! the same moment share one `EVALSHA`: see
+//! [`RateLimiterBuilder::coalesce`]). If Redis
 //! fails or answers too slowly, the same rules are checked in process memory
 //! until it answers again.
 //!
@@ -348,7 +350,7 @@ pub mod __private {
     /// actix-web glue.
     #[cfg(feature = "actix")]
     pub mod actix {
-        pub use crate::actix::{Report, demoted, headers_for, refused, respond, with_headers};
+        pub use crate::actix::{Report, allowed, demoted, refused, respond};
         pub use ::actix_web::{HttpRequest, HttpResponse};
 
         use super::{Permit, RateLimited, Site, check_on};

@@ -17,8 +17,9 @@ local function sliding_log(key, now, slack, count, burst, period, cost)
     local allowed = 0
     if held + cost <= count then
         allowed = 1
-        -- Members are unique: those already scored `now` have suffixes below `held`.
-        add_units(key, cost, now, string.format('%.0f', now), held)
+        -- Members are unique: those already scored `now` have suffixes below
+        -- `held`. The time is packed (8 bytes; cheaper than decimal text).
+        add_units(key, cost, now, struct.pack('>d', now), held)
         held = held + cost
         redis.call('PEXPIRE', key, math.ceil(period / 1000) + slack)
     end
