@@ -385,6 +385,22 @@ fn main() {
                 .build()
                 .await
                 .expect("connecting");
+            // A second of load first, not reported: the first runs of a
+            // fresh process and server otherwise measure their warm-up
+            // (seen as a third fewer checks per second).
+            let warm = limiter.clone();
+            let rule = rule(Algorithm::FixedWindow);
+            drive(64, Duration::from_secs(1), move |task, n| {
+                let limiter = warm.clone();
+                async move {
+                    limiter
+                        .check(&rule, &key(task, n))
+                        .await
+                        .expect("a decision");
+                }
+            })
+            .await;
+            server.flush();
             ours(&server, "ratelimit", limiter, OURS_COALESCED, &options).await;
             if options.baselines {
                 let per_call = RateLimiter::builder()

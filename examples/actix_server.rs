@@ -17,6 +17,8 @@
 //!   Redis, shared by every instance; without it, in process memory.
 //! - `TRUSTED_PROXIES` (for example `10.0.0.0/8,127.0.0.1`): proxies whose
 //!   `Forwarded` / `X-Forwarded-For` / `X-Real-IP` headers name the client.
+//! - `RATELIMIT_HEADERS` (`draft`, the default; `legacy`, `both` or `none`):
+//!   which rate-limit header fields responses carry.
 //! - `RATELIMIT_OVERRIDES` (`"ip_limit_test.count=10; limitTest.shadow=true"`):
 //!   rule overrides, checked at start-up.
 //! - `RATELIMIT_OVERRIDES_FILE` (a TOML file with `[rules.NAME]` tables):
@@ -24,7 +26,7 @@
 //!   file is reported and changes nothing.
 
 use actix_web::{App, HttpResponse, HttpServer, Responder, get, web};
-use ratelimit_runtime::{HttpOptions, RateLimited, RateLimiter, rate_limit};
+use ratelimit_runtime::{HeaderStyle, HttpOptions, RateLimited, RateLimiter, rate_limit};
 
 /// `limitTest`: 2 requests per second, for everyone.
 #[rate_limit(key = "limitTest", period = 1, count = 2)]
@@ -124,6 +126,19 @@ async fn main() -> std::io::Result<()> {
         http = http
             .trust_proxies(proxies.split(',').map(str::trim).filter(|p| !p.is_empty()))
             .map_err(std::io::Error::other)?;
+    }
+    if let Ok(style) = std::env::var("RATELIMIT_HEADERS") {
+        http = http.headers(match style.as_str() {
+            "draft" => HeaderStyle::Draft,
+            "legacy" => HeaderStyle::Legacy,
+            "both" => HeaderStyle::Both,
+            "none" => HeaderStyle::None,
+            other => {
+                return Err(std::io::Error::other(format!(
+                    "RATELIMIT_HEADERS={other:?}: expected draft, legacy, both or none"
+                )));
+            }
+        });
     }
     let mut builder = RateLimiter::builder().http(http);
     let backend = match std::env::var("REDIS_URL") {
