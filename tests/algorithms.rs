@@ -25,6 +25,7 @@ use ratelimit_workspace::RedisServer;
 
 macro_rules! equivalence {
     ($($name:ident => $algorithm:expr),* $(,)?) => {
+        // Checks made one after another each go alone: the algorithm's own script.
         mod redis_equals_memory {
             use super::*;
             $(
@@ -32,6 +33,20 @@ macro_rules! equivalence {
                 async fn $name() {
                     let server = RedisServer::start();
                     same_decisions(&redis_backend(&server).await, $algorithm).await;
+                    server.assert_no_key_without_ttl("limiter:*");
+                    assert!(!server.keys_with_pttl("limiter:*").is_empty());
+                }
+            )*
+        }
+        // The same timelines through the batch script that coalesced checks use.
+        mod batched_redis_equals_memory {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let server = RedisServer::start();
+                    let redis = redis_backend(&server).await.batch_every_check();
+                    same_decisions(&redis, $algorithm).await;
                     server.assert_no_key_without_ttl("limiter:*");
                     assert!(!server.keys_with_pttl("limiter:*").is_empty());
                 }

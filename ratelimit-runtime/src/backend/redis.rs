@@ -4,7 +4,9 @@
 //! into one script call (see [`ConnectOptions::coalesce`]).
 
 use std::fmt;
+use std::ops::Deref;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -38,8 +40,9 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// way, the checks that arrive meanwhile wait in a queue and go together in
 /// the next call, one `EVALSHA` of a batch script that runs each check in
 /// turn on its own key (each as atomic as alone; they share the server's
-/// clock reading). A lone check goes at once, so nothing waits when Redis
-/// keeps up; under load one round trip and one script call carry many checks.
+/// clock reading). A check that finds nothing on its way goes at once, alone,
+/// so nothing waits when Redis keeps up; under load one round trip and one
+/// script call carry many checks.
 #[derive(Clone)]
 pub struct RedisBackend {
     conn: Arc<Conn>,
@@ -47,6 +50,26 @@ pub struct RedisBackend {
     timeout: Duration,
     /// The queue of the task that sends coalesced checks (single server).
     queue: Option<mpsc::UnboundedSender<Job>>,
+    /// Script calls on their way (checks sent alone, and batches).
+    busy: Arc<AtomicUsize>,
+    /// Queue every check, even when nothing is on its way (tests).
+    always_queue: bool,
+}
+
+/// Counts one script call on its way while it lives.
+struct Busy<T: Deref<Target = AtomicUsize>>(T);
+
+impl<T: Deref<Target = AtomicUsize>> Busy<T> {
+    fn enter(counter: T) -> Busy<T> {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Busy(counter)
+    }
+}
+
+impl<T: Deref<Target = AtomicUsize>> Drop for Busy<T> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Where to connect, and the connection once made.
@@ -227,6 +250,7 @@ async fn run_batches(
     mut queue: mpsc::UnboundedReceiver<Job>,
     conn: Arc<Conn>,
     scripts: Arc<Scripts>,
+    busy: Arc<AtomicUsize>,
 ) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     loop {
@@ -248,9 +272,10 @@ async fn run_batches(
             }
         }
         let (conn, scripts) = (Arc::clone(&conn), Arc::clone(&scripts));
+        let busy = Busy::enter(Arc::clone(&busy));
         tokio::spawn(async move {
             send_batch(jobs, &conn, &scripts).await;
-            drop(slot);
+            drop((slot, busy));
         });
     }
 }
@@ -467,6 +492,8 @@ impl RedisBackend {
             scripts: Arc::new(Scripts::new()),
             timeout: options.timeout,
             queue: None,
+            busy: Arc::new(AtomicUsize::new(0)),
+            always_queue: false,
         };
         if coalesce {
             let (queue, jobs) = mpsc::unbounded_channel();
@@ -474,6 +501,7 @@ impl RedisBackend {
                 jobs,
                 Arc::clone(&backend.conn),
                 Arc::clone(&backend.scripts),
+                Arc::clone(&backend.busy),
             ));
             backend.queue = Some(queue);
         }
@@ -498,13 +526,16 @@ impl RedisBackend {
         now: Option<u64>,
         lease: Option<u64>,
     ) -> Result<Decision, Error> {
-        let [allowed, remaining, reset_us, retry_us] = match &self.queue {
+        let [allowed, remaining, reset_us, retry_us] = match self.queue_for_now() {
             Some(queue) => {
                 let what = algorithm_index(rule.algorithm()) as u8 + 1;
                 self.queued(queue, what, rule, key, cost, now, lease)
                     .await?
             }
-            None => self.alone(rule, key, cost, now, lease).await?,
+            None => {
+                let _busy = Busy::enter(&*self.busy);
+                self.alone(rule, key, cost, now, lease).await?
+            }
         };
         let micros = |n: i64| u64::try_from(n).unwrap_or(0);
         Ok(Outcome {
@@ -514,6 +545,26 @@ impl RedisBackend {
             retry_after_us: micros(retry_us),
         }
         .decision(rule))
+    }
+
+    /// The queue, if this call should join the next batch: when coalescing
+    /// and a script call is already on its way.
+    fn queue_for_now(&self) -> Option<&mpsc::UnboundedSender<Job>> {
+        let queue = self.queue.as_ref()?;
+        if self.always_queue || self.busy.load(Ordering::Relaxed) > 0 {
+            Some(queue)
+        } else {
+            None
+        }
+    }
+
+    /// Every check joins a batch, even when nothing is on its way (for
+    /// tests of the batch script; without it, checks made one after another
+    /// each go alone).
+    #[doc(hidden)]
+    pub fn batch_every_check(mut self) -> RedisBackend {
+        self.always_queue = true;
+        self
     }
 
     /// Queues a check (or release) for the next batch and waits for its
@@ -646,12 +697,13 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, rule: &Rule, key: &str, cost: u64, lease: u64) -> Result<(), Error> {
-        if let Some(queue) = &self.queue {
+        if let Some(queue) = self.queue_for_now() {
             return self
                 .queued(queue, RELEASE, rule, key, cost, None, Some(lease))
                 .await
                 .map(drop);
         }
+        let _busy = Busy::enter(&*self.busy);
         let mut cmd = redis::cmd("ZREM");
         cmd.arg(key);
         for unit in 0..cost {
