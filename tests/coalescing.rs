@@ -175,3 +175,25 @@ async fn a_failed_batch_fails_each_of_its_checks_and_the_next_one_works() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn the_batch_script_is_reloaded_after_script_flush() {
+    let server = RedisServer::start();
+    let redis = ratelimit_runtime::backend::redis::RedisBackend::connect_with(
+        &server.url(),
+        Duration::from_secs(5),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap()
+    .batch_every_check();
+    let rule = RULES[0];
+    let check = || ratelimit_runtime::Backend::check(&redis, &rule, "co:flush", 1);
+    assert_eq!(check().await.unwrap().remaining, 29);
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.connection())
+        .unwrap();
+    // NOSCRIPT: the batch script is loaded again and the batch re-sent once.
+    assert_eq!(check().await.unwrap().remaining, 28);
+}
