@@ -6,13 +6,8 @@
 --
 -- key  sorted set of leases: member "lease:unit", score = expiry (µs)
 local function concurrency(key, now, slack, count, burst, period, cost, lease)
-    local trimmed = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', now)
-    if type(trimmed) == 'table' then
-        -- Another type under this key (another algorithm's state): start
-        -- afresh, as the memory backend does.
-        redis.call('DEL', key)
-    end
-    local held = redis.call('ZCARD', key)
+    -- Leases whose holders died (expired) no longer count.
+    local held = trim_and_count(key, now)
     local allowed = 0
     if held + cost <= count then
         allowed = 1

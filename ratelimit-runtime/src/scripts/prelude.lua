@@ -52,6 +52,16 @@ local function add_units(key, cost, score, prefix, first)
     end
 end
 
+-- Drops the sorted set's members scored up to `upto` and answers how many
+-- are left. A key of another type (another algorithm's state) is deleted
+-- first: a fresh start, as the memory backend makes.
+local function trim_and_count(key, upto)
+    if type(redis.pcall('ZREMRANGEBYSCORE', key, '-inf', upto)) == 'table' then
+        redis.call('DEL', key)
+    end
+    return redis.call('ZCARD', key)
+end
+
 -- The score of the sorted set's member at rank `index` (-1: the last).
 local function score_at(key, index)
     return tonumber(redis.call('ZRANGE', key, index, index, 'WITHSCORES')[2])

@@ -7,13 +7,7 @@
 -- key  sorted set: one member per unit, scored by its call time (µs)
 local function sliding_log(key, now, slack, count, burst, period, cost)
     -- A call at time t counts while now < t + period.
-    local trimmed = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', now - period)
-    if type(trimmed) == 'table' then
-        -- Another type under this key (another algorithm's state): start
-        -- afresh, as the memory backend does.
-        redis.call('DEL', key)
-    end
-    local held = redis.call('ZCARD', key)
+    local held = trim_and_count(key, now - period)
     local allowed = 0
     if held + cost <= count then
         allowed = 1
