@@ -226,96 +226,119 @@ fn report(backend: &str, algorithm: &str, concurrency: usize, mut run: Run, usec
     );
 }
 
-/// What a check of ours sends: one EVALSHA (a release is in the batch
-/// script when coalescing, else a ZREM of its own).
+/// What a check of ours sends: one EVALSHA; a release is a ZREM of its
+/// own, or with coalescing a part of a batch script call (its ZREM then
+/// runs inside the script, whose time already includes it).
 const OURS: &[&str] = &["evalsha", "zrem"];
 const OURS_COALESCED: &[&str] = &["evalsha"];
 /// What the peers send: a MULTI/EXEC transaction.
 const TRANSACTION: &[&str] = &["multi", "exec"];
 
-async fn ours(server: &Server, name: &str, limiter: RateLimiter, sent: &[&str], options: &Options) {
-    for &algorithm in &options.algorithms {
-        let rule = rule(algorithm);
-        for &concurrency in &options.concurrency {
-            server.flush();
-            server.reset_stats();
-            let limiter = limiter.clone();
-            let run = drive(concurrency, options.duration, move |task, n| {
-                let limiter = limiter.clone();
-                async move {
-                    let key = key(task, n);
-                    let permit = limiter.acquire(&rule, &key, 1).await.expect("a decision");
-                    assert!(permit.decision().allowed, "the bench rule never refuses");
-                    permit.release().await.expect("released");
-                }
-            })
-            .await;
-            report(
-                name,
-                algorithm.name(),
-                concurrency,
-                run,
-                server.usec_total(sent),
-            );
+/// One run of this crate's limiter: acquire (a check) and release.
+async fn ours(
+    server: &Server,
+    name: &str,
+    limiter: &RateLimiter,
+    sent: &[&str],
+    algorithm: Algorithm,
+    concurrency: usize,
+    duration: Duration,
+) {
+    let rule = rule(algorithm);
+    server.flush();
+    server.reset_stats();
+    let limiter = limiter.clone();
+    let run = drive(concurrency, duration, move |task, n| {
+        let limiter = limiter.clone();
+        async move {
+            let key = key(task, n);
+            let permit = limiter.acquire(&rule, &key, 1).await.expect("a decision");
+            assert!(permit.decision().allowed, "the bench rule never refuses");
+            permit.release().await.expect("released");
         }
-    }
+    })
+    .await;
+    report(
+        name,
+        algorithm.name(),
+        concurrency,
+        run,
+        server.usec_total(sent),
+    );
 }
 
-/// The floor: the same script, called with redis-rs directly (one
-/// multiplexed connection, `Script::invoke_async`), no framework around it.
-async fn raw_floor(server: &Server, url: &str, options: &Options) {
-    let client = redis::Client::open(url).unwrap();
-    let conn = client.get_multiplexed_async_connection().await.unwrap();
-    for &algorithm in &options.algorithms {
-        if algorithm == Algorithm::Concurrency {
-            continue; // a lease needs its release too: no single-script floor
+/// One run of the floor: the algorithm's own script, called with redis-rs
+/// directly (one multiplexed connection, `Script::invoke_async`), no
+/// framework around it.
+async fn raw_floor(
+    server: &Server,
+    conn: &redis::aio::MultiplexedConnection,
+    algorithm: Algorithm,
+    concurrency: usize,
+    duration: Duration,
+) {
+    let rule = rule(algorithm);
+    let script = Arc::new(redis::Script::new(
+        ratelimit_runtime::backend::redis::lua_source(algorithm),
+    ));
+    server.flush();
+    server.reset_stats();
+    let conn = conn.clone();
+    let run = drive(concurrency, duration, move |task, n| {
+        let (mut conn, script) = (conn.clone(), Arc::clone(&script));
+        async move {
+            let reply: Vec<i64> = script
+                .key(key(task, n))
+                .arg(rule.count())
+                .arg(rule.burst())
+                .arg(rule.period().as_micros() as u64)
+                .arg(1)
+                .arg("")
+                .invoke_async(&mut conn)
+                .await
+                .expect("the script runs");
+            assert_eq!(reply[0], 1);
         }
-        let rule = rule(algorithm);
-        let script = Arc::new(redis::Script::new(
-            ratelimit_runtime::backend::redis::lua_source(algorithm),
-        ));
-        for &concurrency in &options.concurrency {
-            server.flush();
-            server.reset_stats();
-            let (conn, script) = (conn.clone(), Arc::clone(&script));
-            let run = drive(concurrency, options.duration, move |task, n| {
-                let (mut conn, script) = (conn.clone(), Arc::clone(&script));
-                async move {
-                    let reply: Vec<i64> = script
-                        .key(key(task, n))
-                        .arg(rule.count())
-                        .arg(rule.burst())
-                        .arg(rule.period().as_micros() as u64)
-                        .arg(1)
-                        .arg("")
-                        .invoke_async(&mut conn)
-                        .await
-                        .expect("the script runs");
-                    assert_eq!(reply[0], 1);
-                }
-            })
-            .await;
-            report(
-                "redis-rs-raw",
-                algorithm.name(),
-                concurrency,
-                run,
-                server.usec_total(&["evalsha"]),
-            );
-        }
-    }
+    })
+    .await;
+    report(
+        "redis-rs-raw",
+        algorithm.name(),
+        concurrency,
+        run,
+        server.usec_total(&["evalsha"]),
+    );
 }
 
-async fn peers(server: &Server, url: &str, options: &Options) {
-    let client = redis026::Client::open(url).unwrap();
-    let manager = client.get_connection_manager().await.unwrap();
-    let extensible =
-        actix_extensible_rate_limit::backend::redis::RedisBackend::builder(manager).build();
-    for &concurrency in &options.concurrency {
+/// The Rust peers with Redis backends, as their docs show them.
+struct Peers {
+    extensible: actix_extensible_rate_limit::backend::redis::RedisBackend,
+    limitation: Arc<actix_limitation::Limiter>,
+}
+
+impl Peers {
+    async fn new(url: &str) -> Peers {
+        let client = redis026::Client::open(url).unwrap();
+        let manager = client.get_connection_manager().await.unwrap();
+        Peers {
+            extensible: actix_extensible_rate_limit::backend::redis::RedisBackend::builder(manager)
+                .build(),
+            limitation: Arc::new(
+                actix_limitation::Limiter::builder(url)
+                    .limit(1_000_000_000)
+                    .period(Duration::from_secs(1))
+                    .build()
+                    .unwrap(),
+            ),
+        }
+    }
+
+    /// One run of each peer (a fixed window, as theirs are).
+    async fn run(&self, server: &Server, concurrency: usize, duration: Duration) {
         server.flush();
         server.reset_stats();
-        let backend = extensible.clone();
-        let run = drive(concurrency, options.duration, move |task, n| {
+        let backend = self.extensible.clone();
+        let run = drive(concurrency, duration, move |task, n| {
             let backend = backend.clone();
             async move {
                 let input = SimpleInput {
@@ -335,20 +358,11 @@ async fn peers(server: &Server, url: &str, options: &Options) {
             run,
             server.usec_total(TRANSACTION),
         );
-    }
 
-    let limitation = Arc::new(
-        actix_limitation::Limiter::builder(url)
-            .limit(1_000_000_000)
-            .period(Duration::from_secs(1))
-            .build()
-            .unwrap(),
-    );
-    for &concurrency in &options.concurrency {
         server.flush();
         server.reset_stats();
-        let limiter = Arc::clone(&limitation);
-        let run = drive(concurrency, options.duration, move |task, n| {
+        let limiter = Arc::clone(&self.limitation);
+        let run = drive(concurrency, duration, move |task, n| {
             let limiter = Arc::clone(&limiter);
             async move {
                 limiter.count(key(task, n)).await.expect("counted");
@@ -365,6 +379,14 @@ async fn peers(server: &Server, url: &str, options: &Options) {
     }
 }
 
+async fn connect(builder: ratelimit_runtime::RateLimiterBuilder) -> RateLimiter {
+    builder
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("connecting")
+}
+
 fn main() {
     let options = options();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -372,6 +394,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    let duration = options.duration;
     runtime.block_on(async {
         if options.single {
             let server = Server::Single(RedisServer::start());
@@ -379,12 +402,15 @@ fn main() {
                 Server::Single(s) => s.url(),
                 Server::Cluster(_) => unreachable!(),
             };
-            let limiter = RateLimiter::builder()
-                .redis(url.as_str())
-                .timeout(Duration::from_secs(5))
-                .build()
+            let limiter = connect(RateLimiter::builder().redis(url.as_str())).await;
+            let per_call =
+                connect(RateLimiter::builder().redis(url.as_str()).coalesce(false)).await;
+            let raw = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
                 .await
-                .expect("connecting");
+                .unwrap();
+            let peers = Peers::new(&url).await;
             // A second of load first, not reported: the first runs of a
             // fresh process and server otherwise measure their warm-up
             // (seen as a third fewer checks per second).
@@ -400,32 +426,62 @@ fn main() {
                 }
             })
             .await;
-            server.flush();
-            ours(&server, "ratelimit", limiter, OURS_COALESCED, &options).await;
-            if options.baselines {
-                let per_call = RateLimiter::builder()
-                    .redis(url.as_str())
-                    .coalesce(false)
-                    .timeout(Duration::from_secs(5))
-                    .build()
-                    .await
-                    .expect("connecting");
-                ours(&server, "ratelimit-per-call", per_call, OURS, &options).await;
-                raw_floor(&server, &url, &options).await;
-                peers(&server, &url, &options).await;
+            // What is compared runs back to back, so a drift of the machine
+            // during the bench falls on all sides alike.
+            for &algorithm in &options.algorithms {
+                for &concurrency in &options.concurrency {
+                    ours(
+                        &server,
+                        "ratelimit",
+                        &limiter,
+                        OURS_COALESCED,
+                        algorithm,
+                        concurrency,
+                        duration,
+                    )
+                    .await;
+                    if !options.baselines {
+                        continue;
+                    }
+                    ours(
+                        &server,
+                        "ratelimit-per-call",
+                        &per_call,
+                        OURS,
+                        algorithm,
+                        concurrency,
+                        duration,
+                    )
+                    .await;
+                    // A lease needs its release too: no single-script floor.
+                    if algorithm != Algorithm::Concurrency {
+                        raw_floor(&server, &raw, algorithm, concurrency, duration).await;
+                    }
+                    if algorithm == Algorithm::FixedWindow {
+                        peers.run(&server, concurrency, duration).await;
+                    }
+                }
             }
         }
         if options.cluster {
             let cluster = RedisCluster::start();
             let urls = cluster.urls();
             let server = Server::Cluster(cluster);
-            let limiter = RateLimiter::builder()
-                .redis_cluster(urls)
-                .timeout(Duration::from_secs(5))
-                .build()
-                .await
-                .expect("connecting to the cluster");
-            ours(&server, "ratelimit-cluster", limiter, OURS, &options).await;
+            let limiter = connect(RateLimiter::builder().redis_cluster(urls)).await;
+            for &algorithm in &options.algorithms {
+                for &concurrency in &options.concurrency {
+                    ours(
+                        &server,
+                        "ratelimit-cluster",
+                        &limiter,
+                        OURS,
+                        algorithm,
+                        concurrency,
+                        duration,
+                    )
+                    .await;
+                }
+            }
         }
     });
 }

@@ -243,6 +243,31 @@ struct Job {
     reply: oneshot::Sender<Result<[i64; 4], Error>>,
 }
 
+impl Job {
+    fn new(
+        what: u8,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        now: Option<u64>,
+        lease: Option<u64>,
+    ) -> (Job, oneshot::Receiver<Result<[i64; 4], Error>>) {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            what,
+            key: key.into(),
+            count: rule.count(),
+            burst: rule.burst(),
+            period_us: rule.period_us(),
+            cost,
+            now,
+            lease,
+            reply,
+        };
+        (job, answer)
+    }
+}
+
 /// Takes the queued checks in batches and sends each batch as one
 /// `EVALSHA`, at most [`IN_FLIGHT`] at a time. Ends when every clone of the
 /// backend is gone.
@@ -580,18 +605,7 @@ impl RedisBackend {
         now: Option<u64>,
         lease: Option<u64>,
     ) -> Result<[i64; 4], Error> {
-        let (reply, answer) = oneshot::channel();
-        let job = Job {
-            what,
-            key: key.into(),
-            count: rule.count(),
-            burst: rule.burst(),
-            period_us: rule.period_us(),
-            cost,
-            now,
-            lease,
-            reply,
-        };
+        let (job, answer) = Job::new(what, rule, key, cost, now, lease);
         if queue.send(job).is_err() {
             return Err(Error::backend(Stopped));
         }
@@ -704,6 +718,21 @@ impl Backend for RedisBackend {
                 .map(drop);
         }
         let _busy = Busy::enter(&*self.busy);
+        if self.queue.is_some() {
+            // Coalescing, and nothing on its way: a batch of this one
+            // release, sent now (so releases always run in the batch
+            // script, whichever way they go).
+            let (job, answer) = Job::new(RELEASE, rule, key, cost, None, Some(lease));
+            let run = async {
+                send_batch(vec![job], &self.conn, &self.scripts).await;
+                answer.await
+            };
+            return match tokio::time::timeout(self.timeout, run).await {
+                Ok(Ok(answer)) => answer.map(drop),
+                Ok(Err(_)) => Err(Error::backend(Stopped)),
+                Err(_) => Err(Error::backend(TimedOut(self.timeout))),
+            };
+        }
         let mut cmd = redis::cmd("ZREM");
         cmd.arg(key);
         for unit in 0..cost {
