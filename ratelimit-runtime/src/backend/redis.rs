@@ -230,6 +230,9 @@ const IN_FLIGHT: usize = 2;
 /// algorithm's place in [`Algorithm::ALL`] plus one).
 const RELEASE: u8 = 7;
 
+/// Where a job's answer arrives.
+type Answer = oneshot::Receiver<Result<[i64; 4], Error>>;
+
 /// One check (or release) waiting in the queue for the next batch.
 struct Job {
     what: u8,
@@ -251,7 +254,7 @@ impl Job {
         cost: u64,
         now: Option<u64>,
         lease: Option<u64>,
-    ) -> (Job, oneshot::Receiver<Result<[i64; 4], Error>>) {
+    ) -> (Job, Answer) {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             what,
@@ -371,18 +374,15 @@ async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
                     .send(Ok([number(0), number(1), number(2), number(3)]));
             }
         }
-        Ok(packed) => {
-            let error = Shared(Arc::new(Error::Config(format!(
-                "the batch script answered {} bytes for {} checks",
-                packed.len(),
-                jobs.len()
-            ))));
-            for job in jobs {
-                let _ = job.reply.send(Err(Error::backend(error.clone())));
-            }
-        }
-        Err(error) => {
-            let error = Shared(Arc::new(error));
+        failed => {
+            let error = Shared(Arc::new(match failed {
+                Ok(packed) => Error::Config(format!(
+                    "the batch script answered {} bytes for {} checks",
+                    packed.len(),
+                    jobs.len()
+                )),
+                Err(error) => error,
+            }));
             for job in jobs {
                 let _ = job.reply.send(Err(Error::backend(error.clone())));
             }
@@ -554,7 +554,7 @@ impl RedisBackend {
         let [allowed, remaining, reset_us, retry_us] = match self.queue_for_now() {
             Some(queue) => {
                 let what = algorithm_index(rule.algorithm()) as u8 + 1;
-                self.queued(queue, what, rule, key, cost, now, lease)
+                self.queued(queue, Job::new(what, rule, key, cost, now, lease))
                     .await?
             }
             None => {
@@ -594,21 +594,22 @@ impl RedisBackend {
 
     /// Queues a check (or release) for the next batch and waits for its
     /// answer, within the deadline.
-    #[allow(clippy::too_many_arguments)]
     async fn queued(
         &self,
         queue: &mpsc::UnboundedSender<Job>,
-        what: u8,
-        rule: &Rule,
-        key: &str,
-        cost: u64,
-        now: Option<u64>,
-        lease: Option<u64>,
+        (job, answer): (Job, Answer),
     ) -> Result<[i64; 4], Error> {
-        let (job, answer) = Job::new(what, rule, key, cost, now, lease);
         if queue.send(job).is_err() {
             return Err(Error::backend(Stopped));
         }
+        self.answered(answer).await
+    }
+
+    /// A job's answer, within the deadline.
+    async fn answered(
+        &self,
+        answer: impl Future<Output = Result<Result<[i64; 4], Error>, oneshot::error::RecvError>>,
+    ) -> Result<[i64; 4], Error> {
         match tokio::time::timeout(self.timeout, answer).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(Error::backend(Stopped)),
@@ -711,27 +712,21 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, rule: &Rule, key: &str, cost: u64, lease: u64) -> Result<(), Error> {
+        let job = || Job::new(RELEASE, rule, key, cost, None, Some(lease));
         if let Some(queue) = self.queue_for_now() {
-            return self
-                .queued(queue, RELEASE, rule, key, cost, None, Some(lease))
-                .await
-                .map(drop);
+            return self.queued(queue, job()).await.map(drop);
         }
         let _busy = Busy::enter(&*self.busy);
         if self.queue.is_some() {
             // Coalescing, and nothing on its way: a batch of this one
             // release, sent now (so releases always run in the batch
             // script, whichever way they go).
-            let (job, answer) = Job::new(RELEASE, rule, key, cost, None, Some(lease));
+            let (job, answer) = job();
             let run = async {
                 send_batch(vec![job], &self.conn, &self.scripts).await;
                 answer.await
             };
-            return match tokio::time::timeout(self.timeout, run).await {
-                Ok(Ok(answer)) => answer.map(drop),
-                Ok(Err(_)) => Err(Error::backend(Stopped)),
-                Err(_) => Err(Error::backend(TimedOut(self.timeout))),
-            };
+            return self.answered(run).await.map(drop);
         }
         let mut cmd = redis::cmd("ZREM");
         cmd.arg(key);
