@@ -225,31 +225,84 @@ pub mod __private {
     /// Checks one call: `Ok` with the permit to hold while the call runs,
     /// `Err` with the rejection.
     #[inline]
-    pub fn check<'a>(
-        site: &'static Site,
-        key: &'a str,
-    ) -> impl Future<Output = Result<Permit, RateLimited>> + Send + 'a {
-        // Not an `async fn` of its own: one layer of future less to build
-        // and move on every call.
+    pub fn check<'a>(site: &'static Site, key: &'a str) -> Checking<'a> {
         check_on(site, site.limiter(), key)
     }
 
-    async fn check_on(
+    /// What [`check`] answers: in process memory the answer is there at
+    /// once, in a small future with no state machine to build or move; a
+    /// backend's call is one boxed future.
+    #[derive(Debug)]
+    pub enum Checking<'a> {
+        /// Decided already (taken when polled).
+        Ready(Option<Result<Permit, RateLimited>>),
+        /// Waiting on the backend.
+        Pending(Pending<'a>),
+    }
+
+    /// A check waiting on its backend.
+    pub struct Pending<'a>(
+        ::core::pin::Pin<Box<dyn Future<Output = Result<Permit, RateLimited>> + Send + 'a>>,
+    );
+
+    impl ::core::fmt::Debug for Pending<'_> {
+        fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+            f.write_str("Pending")
+        }
+    }
+
+    impl Future for Checking<'_> {
+        type Output = Result<Permit, RateLimited>;
+
+        #[inline]
+        fn poll(
+            mut self: ::core::pin::Pin<&mut Self>,
+            cx: &mut ::core::task::Context<'_>,
+        ) -> ::core::task::Poll<Self::Output> {
+            match &mut *self {
+                Checking::Ready(answer) => {
+                    ::core::task::Poll::Ready(answer.take().expect("polled after it was ready"))
+                }
+                Checking::Pending(Pending(future)) => future.as_mut().poll(cx),
+            }
+        }
+    }
+
+    fn check_on<'a>(
         site: &'static Site,
-        limiter: Option<&RateLimiter>,
-        key: &str,
-    ) -> Result<Permit, RateLimited> {
+        limiter: Option<&'a RateLimiter>,
+        key: &'a str,
+    ) -> Checking<'a> {
         let Some(limiter) = limiter else {
-            return missing_limiter(site, key).await;
+            return Checking::Pending(Pending(Box::pin(missing_limiter(site, key))));
         };
         let shadow = site.shadow || limiter.is_shadow();
-        let overridden = crate::overrides::effective(site.name, &site.rule, shadow);
-        let (rule, shadow) = match &overridden {
-            Some((rule, shadow)) => (rule, *shadow),
-            None => (&site.rule, shadow),
-        };
-        let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
-        let refused = match limiter.acquire_with(rule, key, site.cost, on_error).await {
+        let (rule, shadow) = crate::overrides::effective(site.name, &site.rule, shadow)
+            .unwrap_or((site.rule, shadow));
+        match limiter.acquire_at_once(&rule, key, site.cost) {
+            Some(answer) => Checking::Ready(Some(conclude(site, &rule, shadow, key, answer))),
+            None => {
+                let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
+                Checking::Pending(Pending(Box::pin(async move {
+                    let answer = limiter
+                        .acquire_from_backend(&rule, key, site.cost, on_error)
+                        .await;
+                    conclude(site, &rule, shadow, key, answer)
+                })))
+            }
+        }
+    }
+
+    /// The call's fate once the limiter has answered: counted, logged, and
+    /// turned into a permit or a rejection (shadow rules only log theirs).
+    fn conclude(
+        site: &'static Site,
+        rule: &Rule,
+        shadow: bool,
+        key: &str,
+        answer: Result<Permit, Error>,
+    ) -> Result<Permit, RateLimited> {
+        let refused = match answer {
             Ok(permit) => {
                 if permit.local {
                     site.record(Outcome::LocalFallback);

@@ -253,23 +253,36 @@ impl RateLimiter {
         cost: u64,
         on_error: OnError,
     ) -> Acquiring<'a> {
-        if let Err(error) = validate_cost(rule, cost) {
-            return Acquiring::Ready(Some(Err(error)));
-        }
-        match &*self.inner {
-            Store::Memory(memory) => {
-                let (decision, id) = if rule.algorithm() == Algorithm::Concurrency {
-                    let id = next_lease_id();
-                    (memory.acquire_now(rule, key, cost, id), id)
-                } else {
-                    (memory.check_now(rule, key, cost), 0)
-                };
-                Acquiring::Ready(Some(Ok(self.permit(rule, key, cost, id, decision, false))))
-            }
-            _ => Acquiring::Backend(Box::pin(
+        match self.acquire_at_once(rule, key, cost) {
+            Some(answer) => Acquiring::Ready(Some(answer)),
+            None => Acquiring::Backend(Box::pin(
                 self.acquire_from_backend(rule, key, cost, on_error),
             )),
         }
+    }
+
+    /// [`acquire`](RateLimiter::acquire) when the answer needs no waiting:
+    /// an invalid cost, or a limiter in process memory. `None`: ask the
+    /// backend ([`acquire_from_backend`](RateLimiter::acquire_from_backend)).
+    pub(crate) fn acquire_at_once(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+    ) -> Option<Result<Permit, Error>> {
+        if let Err(error) = validate_cost(rule, cost) {
+            return Some(Err(error));
+        }
+        let Store::Memory(memory) = &*self.inner else {
+            return None;
+        };
+        let (decision, id) = if rule.algorithm() == Algorithm::Concurrency {
+            let id = next_lease_id();
+            (memory.acquire_now(rule, key, cost, id), id)
+        } else {
+            (memory.check_now(rule, key, cost), 0)
+        };
+        Some(Ok(self.permit(rule, key, cost, id, decision, false)))
     }
 
     /// The permit for a decision (with a lease for an allowed concurrency call).
@@ -301,7 +314,7 @@ impl RateLimiter {
         }
     }
 
-    async fn acquire_from_backend(
+    pub(crate) async fn acquire_from_backend(
         &self,
         rule: &Rule,
         key: &str,
