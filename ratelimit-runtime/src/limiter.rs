@@ -195,8 +195,12 @@ impl RateLimiter {
     /// [`OnError::Deny`] (with `Local`, the default, the same rule is checked
     /// in process memory instead; with `Allow`, the call is allowed), and
     /// [`Error::PermitRequired`] for a `concurrency` rule.
-    pub async fn check(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
-        self.check_cost(rule, key, 1).await
+    pub fn check<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send + 'a {
+        self.check_cost(rule, key, 1)
     }
 
     /// Checks and consumes `cost` units of `key`'s budget under `rule`.
@@ -205,12 +209,19 @@ impl RateLimiter {
     ///
     /// [`Error::InvalidCost`] if `cost` is 0 or over the rule's capacity (such
     /// a call could never pass), and as [`check`](RateLimiter::check).
-    pub async fn check_cost(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
-        if rule.algorithm() == Algorithm::Concurrency {
-            return Err(Error::PermitRequired);
-        }
-        let permit = self.acquire_with(rule, key, cost, self.on_error).await?;
-        Ok(permit.decision)
+    pub fn check_cost<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send + 'a {
+        // Not an `async fn`: in process memory the answer is ready at once,
+        // and no state machine is built around it.
+        Deciding(if rule.algorithm() == Algorithm::Concurrency {
+            Acquiring::Ready(Some(Err(Error::PermitRequired)))
+        } else {
+            self.acquire_with(rule, key, cost, self.on_error)
+        })
     }
 
     /// Checks and consumes `cost` units of `key`'s budget under `rule`, for
@@ -237,8 +248,13 @@ impl RateLimiter {
     ///
     /// As [`check_cost`](RateLimiter::check_cost), and [`Error::Unsupported`]
     /// from a custom backend without concurrency support.
-    pub async fn acquire(&self, rule: &Rule, key: &str, cost: u64) -> Result<Permit, Error> {
-        self.acquire_with(rule, key, cost, self.on_error).await
+    pub fn acquire<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+    ) -> impl Future<Output = Result<Permit, Error>> + Send + 'a {
+        self.acquire_with(rule, key, cost, self.on_error)
     }
 
     /// [`acquire`](RateLimiter::acquire) under the failure policy `on_error`.
@@ -442,6 +458,22 @@ impl Future for Acquiring<'_> {
             }
             Acquiring::Backend(future) => future.as_mut().poll(cx),
         }
+    }
+}
+
+/// [`RateLimiter::check_cost`]'s future: the permit's decision.
+struct Deciding<'a>(Acquiring<'a>);
+
+impl Future for Deciding<'_> {
+    type Output = Result<Decision, Error>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|answer| answer.map(|permit| permit.decision))
     }
 }
 

@@ -63,19 +63,54 @@ struct Shard {
     map: Mutex<ShardMap>,
 }
 
+/// A shard's keys: the entries in a dense list in the order they arrived,
+/// and a small hash index of their positions (as `indexmap` keeps them). The
+/// index is 5 bytes a key, so a lookup's probing stays in the CPU's caches
+/// even with many keys, and the one entry it lands on is the only memory
+/// touched that may not be.
 #[derive(Debug)]
 struct ShardMap {
-    /// Keyed by the one hash computed per call (it also picked the shard).
-    entries: HashTable<Entry>,
+    /// Positions in `entries`, keyed by the one hash computed per call (it
+    /// also picked the shard).
+    index: HashTable<u32>,
+    entries: Vec<Entry>,
     sweep_at: usize,
 }
 
 impl Default for ShardMap {
     fn default() -> Self {
         ShardMap {
-            entries: HashTable::new(),
+            index: HashTable::new(),
+            entries: Vec::new(),
             sweep_at: MIN_SWEEP_LEN,
         }
+    }
+}
+
+impl ShardMap {
+    /// The entry of `key`, if the shard tracks it.
+    #[inline]
+    fn find_mut(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
+        let entries = &self.entries;
+        let at = *self.index.find(hash, |&at| {
+            let entry = &entries[at as usize];
+            entry.hash == hash && entry.key.is(key)
+        })?;
+        Some(&mut self.entries[at as usize])
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn push(&mut self, entry: Entry) {
+        // `insert` keeps a shard under `MAX_PER_SHARD` (2^32) keys.
+        let at = self.entries.len() as u32;
+        let hash = entry.hash;
+        self.entries.push(entry);
+        let entries = &self.entries;
+        self.index
+            .insert_unique(hash, at, |&at| entries[at as usize].hash);
     }
 }
 
@@ -193,7 +228,7 @@ impl MemoryBackend {
     /// Gives back lease `id` of a concurrency rule.
     pub(crate) fn release_now(&self, key: &str, id: u64) {
         let hash = self.inner.hasher.hash_one(key);
-        if let Some(entry) = self.shard(hash).entries.find_mut(hash, |e| e.key.is(key)) {
+        if let Some(entry) = self.shard(hash).find_mut(hash, key) {
             algorithm::release(&mut entry.slot.state, id);
         }
     }
@@ -207,7 +242,7 @@ impl MemoryBackend {
         let now = u64::try_from(self.inner.clock.now().as_micros()).unwrap_or(u64::MAX);
         let hash = self.inner.hasher.hash_one(key);
         let mut shard = self.shard(hash);
-        let outcome = match shard.entries.find_mut(hash, |e| e.key.is(key)) {
+        let outcome = match shard.find_mut(hash, key) {
             Some(Entry { slot, .. }) => {
                 let outcome = step(&mut slot.state, now);
                 if let Some(state) = &slot.state {
@@ -248,11 +283,7 @@ impl MemoryBackend {
 
     /// How many keys the store holds, expired ones not yet reclaimed included.
     pub fn len(&self) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|s| lock(s).entries.len())
-            .sum()
+        self.inner.shards.iter().map(|s| lock(s).len()).sum()
     }
 
     /// Whether the store holds no keys.
@@ -260,9 +291,12 @@ impl MemoryBackend {
         self.len() == 0
     }
 
-    /// The shard of a key's hash (its top bits: the table uses the low ones).
+    /// The shard of a key's hash: 6 bits that the shard's table does not
+    /// use. It indexes by the low bits and tags each slot with the top 7;
+    /// taking the shard from those would leave keys of one shard sharing
+    /// most of their tag, and each lookup would compare many keys.
     fn shard(&self, hash: u64) -> MutexGuard<'_, ShardMap> {
-        lock(&self.inner.shards[(hash >> 58) as usize % SHARDS])
+        lock(&self.inner.shards[(hash >> 51) as usize % SHARDS])
     }
 }
 
@@ -303,22 +337,39 @@ fn lock(shard: &Shard) -> MutexGuard<'_, ShardMap> {
 /// Stores a new key, unless the shard is at its cap even after dropping
 /// expired keys (then `false`).
 fn insert(shard: &mut ShardMap, entry: Entry, now: u64, max: usize) -> bool {
-    if shard.entries.len() >= shard.sweep_at.min(max) {
+    let max = max.min(MAX_PER_SHARD);
+    if shard.len() >= shard.sweep_at.min(max) {
         sweep(shard, now);
     }
-    if shard.entries.len() >= max {
+    if shard.len() >= max {
         return false;
     }
-    shard.entries.insert_unique(entry.hash, entry, |e| e.hash);
+    shard.push(entry);
     true
 }
 
-/// Drops expired keys; shrinks the table when it is mostly empty.
+/// The most keys a shard holds whatever the cap (positions are `u32`).
+const MAX_PER_SHARD: usize = u32::MAX as usize;
+
+/// Drops expired keys (the survivors keep their order) and rebuilds the
+/// index; shrinks both when they are mostly empty.
 fn sweep(shard: &mut ShardMap, now: u64) {
-    shard.entries.retain(|e| e.slot.expires_at > now);
-    shard.sweep_at = (shard.entries.len() * 2).max(MIN_SWEEP_LEN);
-    if shard.entries.len() * 4 < shard.entries.capacity() {
-        shard.entries.shrink_to(shard.entries.len() * 2, |e| e.hash);
+    let ShardMap {
+        index,
+        entries,
+        sweep_at,
+    } = shard;
+    entries.retain(|e| e.slot.expires_at > now);
+    *sweep_at = (entries.len() * 2).max(MIN_SWEEP_LEN);
+    if entries.len() * 4 < entries.capacity() {
+        entries.shrink_to(entries.len() * 2);
+        *index = HashTable::with_capacity(entries.len() * 2);
+    } else {
+        index.clear();
+    }
+    for (at, entry) in entries.iter().enumerate() {
+        // `at` is below the shard's cap, under 2^32.
+        index.insert_unique(entry.hash, at as u32, |&at| entries[at as usize].hash);
     }
 }
 
@@ -406,6 +457,44 @@ mod tests {
                 rounds,
                 per_round
             );
+        }
+    }
+
+    #[test]
+    fn keys_that_outlive_sweeps_keep_their_state() {
+        let clock = ManualClock::new();
+        let store = MemoryBackend::with_clock(clock.clone());
+        let kept = Rule::fixed_window(2, Duration::from_secs(3600));
+        let brief = rule(1, 10);
+        let keep: Vec<String> = (0..5_000).map(|i| format!("keep-{i}")).collect();
+        for key in &keep {
+            assert!(store.check_now(&kept, key, 1).allowed);
+        }
+        // Waves of short-lived keys: each wave expires, later ones sweep it
+        // out (moving the survivors and rebuilding the index), and the last
+        // sweeps shrink the tables.
+        for wave in 0..6 {
+            let n = if wave < 3 {
+                SHARDS * MIN_SWEEP_LEN * 2
+            } else {
+                SHARDS * 4
+            };
+            for i in 0..n {
+                assert!(
+                    store
+                        .check_now(&brief, &format!("brief-{wave}-{i}"), 1)
+                        .allowed
+                );
+            }
+            clock.advance(Duration::from_millis(10));
+        }
+        store.sweep();
+        assert_eq!(store.len(), keep.len(), "only the long-lived keys are left");
+        for key in &keep {
+            let second = store.check_now(&kept, key, 1);
+            assert!(second.allowed, "{key} lost its state");
+            assert_eq!(second.remaining, 0, "{key} lost its first call");
+            assert!(!store.check_now(&kept, key, 1).allowed, "{key}");
         }
     }
 
