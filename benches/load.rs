@@ -8,7 +8,12 @@
 //! cargo bench --bench load -- --cluster                      # also a local 3-master cluster
 //! cargo bench --bench load -- --duration-ms 500 --algorithms fixed_window,gcra --concurrency 1,64
 //! cargo bench --bench load -- --no-baselines --no-single     # only what is asked
+//! cargo bench --bench load -- --slices 1                     # each side in one go
 //! ```
+//!
+//! What is compared (ours, ours per call, the floor, the peers) takes turns:
+//! `--slices` turns (4 unless said) of a quarter of `--duration-ms` each,
+//! so a drift of the machine falls on every side alike.
 //!
 //! Each run prints one JSON line: `{"backend", "algorithm", "concurrency",
 //! "ops", "ops_per_sec", "p50_us", "p99_us", "redis_usec_per_call"}`, the
@@ -39,6 +44,7 @@ struct Options {
     single: bool,
     cluster: bool,
     baselines: bool,
+    slices: u32,
 }
 
 fn options() -> Options {
@@ -49,6 +55,7 @@ fn options() -> Options {
         single: true,
         cluster: false,
         baselines: true,
+        slices: 4,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -74,6 +81,7 @@ fn options() -> Options {
                     .map(|n| n.parse().expect("a number"))
                     .collect()
             }
+            "--slices" => options.slices = value().parse().expect("a number of slices"),
             "--cluster" => options.cluster = true,
             "--no-single" => options.single = false,
             "--no-baselines" => options.baselines = false,
@@ -95,10 +103,19 @@ fn rule(algorithm: Algorithm) -> Rule {
 }
 
 /// What one run measured.
+#[derive(Default)]
 struct Run {
     ops: u64,
     elapsed: Duration,
     latencies_us: Vec<u32>,
+}
+
+impl Run {
+    fn add(&mut self, slice: Run) {
+        self.ops += slice.ops;
+        self.elapsed += slice.elapsed;
+        self.latencies_us.extend(slice.latencies_us);
+    }
 }
 
 /// Runs `call(task, n)` from `concurrency` tasks for `duration`.
@@ -234,149 +251,172 @@ const OURS_COALESCED: &[&str] = &["evalsha"];
 /// What the peers send: a MULTI/EXEC transaction.
 const TRANSACTION: &[&str] = &["multi", "exec"];
 
-/// One run of this crate's limiter: acquire (a check) and release.
-async fn ours(
-    server: &Server,
-    name: &str,
-    limiter: &RateLimiter,
-    sent: &[&str],
-    algorithm: Algorithm,
-    concurrency: usize,
-    duration: Duration,
-) {
-    let rule = rule(algorithm);
-    server.flush();
-    server.reset_stats();
-    let limiter = limiter.clone();
-    let run = drive(concurrency, duration, move |task, n| {
-        let limiter = limiter.clone();
-        async move {
-            let key = key(task, n);
-            let permit = limiter.acquire(&rule, &key, 1).await.expect("a decision");
-            assert!(permit.decision().allowed, "the bench rule never refuses");
-            permit.release().await.expect("released");
-        }
-    })
-    .await;
-    report(
-        name,
-        algorithm.name(),
-        concurrency,
-        run,
-        server.usec_total(sent),
-    );
+/// One side of a comparison.
+enum Contender {
+    /// This crate's limiter: acquire (a check) and release.
+    Ours {
+        name: &'static str,
+        limiter: RateLimiter,
+        sent: &'static [&'static str],
+    },
+    /// The floor: the algorithm's own script, called with redis-rs directly
+    /// (one multiplexed connection, `Script::invoke_async`), no framework
+    /// around it.
+    Raw(redis::aio::MultiplexedConnection),
+    /// actix-extensible-rate-limit's Redis backend, as its docs show it.
+    Extensible(actix_extensible_rate_limit::backend::redis::RedisBackend),
+    /// actix-limitation, as its docs show it.
+    Limitation(Arc<actix_limitation::Limiter>),
 }
 
-/// One run of the floor: the algorithm's own script, called with redis-rs
-/// directly (one multiplexed connection, `Script::invoke_async`), no
-/// framework around it.
-async fn raw_floor(
-    server: &Server,
-    conn: &redis::aio::MultiplexedConnection,
-    algorithm: Algorithm,
-    concurrency: usize,
-    duration: Duration,
-) {
-    let rule = rule(algorithm);
-    let script = Arc::new(redis::Script::new(
-        ratelimit_runtime::backend::redis::lua_source(algorithm),
-    ));
-    server.flush();
-    server.reset_stats();
-    let conn = conn.clone();
-    let run = drive(concurrency, duration, move |task, n| {
-        let (mut conn, script) = (conn.clone(), Arc::clone(&script));
-        async move {
-            let reply: Vec<i64> = script
-                .key(key(task, n))
-                .arg(rule.count())
-                .arg(rule.burst())
-                .arg(rule.period().as_micros() as u64)
-                .arg(1)
-                .arg("")
-                .invoke_async(&mut conn)
+impl Contender {
+    fn name(&self) -> &'static str {
+        match self {
+            Contender::Ours { name, .. } => name,
+            Contender::Raw(_) => "redis-rs-raw",
+            Contender::Extensible(_) => "actix-extensible-rate-limit",
+            Contender::Limitation(_) => "actix-limitation",
+        }
+    }
+
+    /// The commands it sends itself (see [`Server::usec_total`]).
+    fn sent(&self) -> &'static [&'static str] {
+        match self {
+            Contender::Ours { sent, .. } => sent,
+            Contender::Raw(_) => &["evalsha"],
+            Contender::Extensible(_) | Contender::Limitation(_) => TRANSACTION,
+        }
+    }
+
+    /// Whether it can run `algorithm` (the peers have a fixed window only;
+    /// a lease needs its release too, so no single script is its floor).
+    fn runs(&self, algorithm: Algorithm) -> bool {
+        match self {
+            Contender::Ours { .. } => true,
+            Contender::Raw(_) => algorithm != Algorithm::Concurrency,
+            Contender::Extensible(_) | Contender::Limitation(_) => {
+                algorithm == Algorithm::FixedWindow
+            }
+        }
+    }
+
+    /// Load for `duration`.
+    async fn drive(&self, algorithm: Algorithm, concurrency: usize, duration: Duration) -> Run {
+        let rule = rule(algorithm);
+        match self {
+            Contender::Ours { limiter, .. } => {
+                let limiter = limiter.clone();
+                drive(concurrency, duration, move |task, n| {
+                    let limiter = limiter.clone();
+                    async move {
+                        let key = key(task, n);
+                        let permit = limiter.acquire(&rule, &key, 1).await.expect("a decision");
+                        assert!(permit.decision().allowed, "the bench rule never refuses");
+                        permit.release().await.expect("released");
+                    }
+                })
                 .await
-                .expect("the script runs");
-            assert_eq!(reply[0], 1);
-        }
-    })
-    .await;
-    report(
-        "redis-rs-raw",
-        algorithm.name(),
-        concurrency,
-        run,
-        server.usec_total(&["evalsha"]),
-    );
-}
-
-/// The Rust peers with Redis backends, as their docs show them.
-struct Peers {
-    extensible: actix_extensible_rate_limit::backend::redis::RedisBackend,
-    limitation: Arc<actix_limitation::Limiter>,
-}
-
-impl Peers {
-    async fn new(url: &str) -> Peers {
-        let client = redis026::Client::open(url).unwrap();
-        let manager = client.get_connection_manager().await.unwrap();
-        Peers {
-            extensible: actix_extensible_rate_limit::backend::redis::RedisBackend::builder(manager)
-                .build(),
-            limitation: Arc::new(
-                actix_limitation::Limiter::builder(url)
-                    .limit(1_000_000_000)
-                    .period(Duration::from_secs(1))
-                    .build()
-                    .unwrap(),
-            ),
+            }
+            Contender::Raw(conn) => {
+                let script = Arc::new(redis::Script::new(
+                    ratelimit_runtime::backend::redis::lua_source(algorithm),
+                ));
+                let conn = conn.clone();
+                drive(concurrency, duration, move |task, n| {
+                    let (mut conn, script) = (conn.clone(), Arc::clone(&script));
+                    async move {
+                        let reply: Vec<i64> = script
+                            .key(key(task, n))
+                            .arg(rule.count())
+                            .arg(rule.burst())
+                            .arg(rule.period().as_micros() as u64)
+                            .arg(1)
+                            .arg("")
+                            .invoke_async(&mut conn)
+                            .await
+                            .expect("the script runs");
+                        assert_eq!(reply[0], 1);
+                    }
+                })
+                .await
+            }
+            Contender::Extensible(backend) => {
+                let backend = backend.clone();
+                drive(concurrency, duration, move |task, n| {
+                    let backend = backend.clone();
+                    async move {
+                        let input = SimpleInput {
+                            interval: Duration::from_secs(1),
+                            max_requests: 1_000_000_000,
+                            key: key(task, n),
+                        };
+                        let (decision, _, _) = backend.request(input).await.expect("a decision");
+                        assert!(decision.is_allowed());
+                    }
+                })
+                .await
+            }
+            Contender::Limitation(limiter) => {
+                let limiter = Arc::clone(limiter);
+                drive(concurrency, duration, move |task, n| {
+                    let limiter = Arc::clone(&limiter);
+                    async move {
+                        limiter.count(key(task, n)).await.expect("counted");
+                    }
+                })
+                .await
+            }
         }
     }
+}
 
-    /// One run of each peer (a fixed window, as theirs are).
-    async fn run(&self, server: &Server, concurrency: usize, duration: Duration) {
-        server.flush();
-        server.reset_stats();
-        let backend = self.extensible.clone();
-        let run = drive(concurrency, duration, move |task, n| {
-            let backend = backend.clone();
-            async move {
-                let input = SimpleInput {
-                    interval: Duration::from_secs(1),
-                    max_requests: 1_000_000_000,
-                    key: key(task, n),
-                };
-                let (decision, _, _) = backend.request(input).await.expect("a decision");
-                assert!(decision.is_allowed());
-            }
-        })
-        .await;
-        report(
-            "actix-extensible-rate-limit",
-            "fixed_window",
-            concurrency,
-            run,
-            server.usec_total(TRANSACTION),
-        );
-
-        server.flush();
-        server.reset_stats();
-        let limiter = Arc::clone(&self.limitation);
-        let run = drive(concurrency, duration, move |task, n| {
-            let limiter = Arc::clone(&limiter);
-            async move {
-                limiter.count(key(task, n)).await.expect("counted");
-            }
-        })
-        .await;
-        report(
-            "actix-limitation",
-            "fixed_window",
-            concurrency,
-            run,
-            server.usec_total(TRANSACTION),
-        );
+/// Runs every contender that can run `algorithm` for `duration` each, in
+/// `slices` turns (each its share of the time, in the same order every
+/// turn, from empty keys), and prints one line each. Taking turns spreads a
+/// drift of the machine, which here moves throughput by 10-25 % within
+/// minutes, over all sides alike.
+async fn compare(
+    server: &Server,
+    contenders: &[Contender],
+    algorithm: Algorithm,
+    concurrency: usize,
+    duration: Duration,
+    slices: u32,
+) {
+    let contenders: Vec<&Contender> = contenders.iter().filter(|c| c.runs(algorithm)).collect();
+    let mut totals: Vec<(Run, f64)> = contenders.iter().map(|_| Default::default()).collect();
+    for _ in 0..slices.max(1) {
+        for (contender, (run, usec)) in contenders.iter().zip(&mut totals) {
+            server.flush();
+            server.reset_stats();
+            run.add(
+                contender
+                    .drive(algorithm, concurrency, duration / slices.max(1))
+                    .await,
+            );
+            *usec += server.usec_total(contender.sent());
+        }
     }
+    for (contender, (run, usec)) in contenders.iter().zip(totals) {
+        report(contender.name(), algorithm.name(), concurrency, run, usec);
+    }
+}
+
+async fn peers(url: &str) -> [Contender; 2] {
+    let client = redis026::Client::open(url).unwrap();
+    let manager = client.get_connection_manager().await.unwrap();
+    [
+        Contender::Extensible(
+            actix_extensible_rate_limit::backend::redis::RedisBackend::builder(manager).build(),
+        ),
+        Contender::Limitation(Arc::new(
+            actix_limitation::Limiter::builder(url)
+                .limit(1_000_000_000)
+                .period(Duration::from_secs(1))
+                .build()
+                .unwrap(),
+        )),
+    ]
 }
 
 async fn connect(builder: ratelimit_runtime::RateLimiterBuilder) -> RateLimiter {
@@ -403,14 +443,27 @@ fn main() {
                 Server::Cluster(_) => unreachable!(),
             };
             let limiter = connect(RateLimiter::builder().redis(url.as_str())).await;
-            let per_call =
-                connect(RateLimiter::builder().redis(url.as_str()).coalesce(false)).await;
-            let raw = redis::Client::open(url.as_str())
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap();
-            let peers = Peers::new(&url).await;
+            let mut contenders = vec![Contender::Ours {
+                name: "ratelimit",
+                limiter: limiter.clone(),
+                sent: OURS_COALESCED,
+            }];
+            if options.baselines {
+                contenders.push(Contender::Ours {
+                    name: "ratelimit-per-call",
+                    limiter: connect(RateLimiter::builder().redis(url.as_str()).coalesce(false))
+                        .await,
+                    sent: OURS,
+                });
+                contenders.push(Contender::Raw(
+                    redis::Client::open(url.as_str())
+                        .unwrap()
+                        .get_multiplexed_async_connection()
+                        .await
+                        .unwrap(),
+                ));
+                contenders.extend(peers(&url).await);
+            }
             // A second of load first, not reported: the first runs of a
             // fresh process and server otherwise measure their warm-up
             // (seen as a third fewer checks per second).
@@ -426,40 +479,19 @@ fn main() {
                 }
             })
             .await;
-            // What is compared runs back to back, so a drift of the machine
+            // What is compared runs in turns, so a drift of the machine
             // during the bench falls on all sides alike.
             for &algorithm in &options.algorithms {
                 for &concurrency in &options.concurrency {
-                    ours(
+                    compare(
                         &server,
-                        "ratelimit",
-                        &limiter,
-                        OURS_COALESCED,
+                        &contenders,
                         algorithm,
                         concurrency,
                         duration,
+                        options.slices,
                     )
                     .await;
-                    if !options.baselines {
-                        continue;
-                    }
-                    ours(
-                        &server,
-                        "ratelimit-per-call",
-                        &per_call,
-                        OURS,
-                        algorithm,
-                        concurrency,
-                        duration,
-                    )
-                    .await;
-                    // A lease needs its release too: no single-script floor.
-                    if algorithm != Algorithm::Concurrency {
-                        raw_floor(&server, &raw, algorithm, concurrency, duration).await;
-                    }
-                    if algorithm == Algorithm::FixedWindow {
-                        peers.run(&server, concurrency, duration).await;
-                    }
                 }
             }
         }
@@ -467,17 +499,20 @@ fn main() {
             let cluster = RedisCluster::start();
             let urls = cluster.urls();
             let server = Server::Cluster(cluster);
-            let limiter = connect(RateLimiter::builder().redis_cluster(urls)).await;
+            let contenders = [Contender::Ours {
+                name: "ratelimit-cluster",
+                limiter: connect(RateLimiter::builder().redis_cluster(urls)).await,
+                sent: OURS,
+            }];
             for &algorithm in &options.algorithms {
                 for &concurrency in &options.concurrency {
-                    ours(
+                    compare(
                         &server,
-                        "ratelimit-cluster",
-                        &limiter,
-                        OURS,
+                        &contenders,
                         algorithm,
                         concurrency,
                         duration,
+                        options.slices,
                     )
                     .await;
                 }
