@@ -8,6 +8,8 @@
 //! - `100k_keys_2_threads`: the same on 2 threads at once (each half the
 //!   keys); the time per check is wall time over both, so a lower number than
 //!   the 1-thread one means throughput grows.
+//! - `dependent_read`: the machine's latency for one random cache line in a
+//!   buffer of 2 to 16 MiB, the miss a check over many keys pays.
 //!
 //! The rule never refuses in a run, so every check is the full
 //! check-and-consume; state stays between visits (as governor's does), except
@@ -138,6 +140,39 @@ fn benches(c: &mut Criterion) {
             })
         })
     });
+    group.finish();
+    latency(c);
+}
+
+/// The machine's own cost of the miss a check over many keys pays: one
+/// read of a random cache line that depends on the previous read, within
+/// buffers of 2 to 16 MiB (100k entries of 80 bytes take 8 MiB).
+fn latency(c: &mut Criterion) {
+    let mut group = c.benchmark_group("dependent_read");
+    for mib in [2usize, 4, 8, 16] {
+        let lines = mib * (1 << 20) / 64;
+        // One random cycle through every line (Sattolo's shuffle), each
+        // line holding the index of the next one.
+        let mut order: Vec<usize> = (0..lines).collect();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for i in (1..lines).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, (x % i as u64) as usize);
+        }
+        let mut next = vec![[0u64; 8]; lines];
+        for i in 0..lines {
+            next[order[i]][0] = order[(i + 1) % lines] as u64;
+        }
+        let mut at = 0usize;
+        group.bench_function(BenchmarkId::new("random_line", format!("{mib}MiB")), |b| {
+            b.iter(|| {
+                at = next[at][0] as usize;
+                black_box(at)
+            })
+        });
+    }
     group.finish();
 }
 
