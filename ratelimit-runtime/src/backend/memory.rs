@@ -361,9 +361,12 @@ fn sweep(shard: &mut ShardMap, now: u64) {
     } = shard;
     entries.retain(|e| e.slot.expires_at > now);
     *sweep_at = (entries.len() * 2).max(MIN_SWEEP_LEN);
-    if entries.len() * 4 < entries.capacity() {
-        entries.shrink_to(entries.len() * 2);
-        *index = HashTable::with_capacity(entries.len() * 2);
+    // Room for the keys that arrive before the next sweep stays; more than
+    // twice that is given back. (Shrinking to the survivors alone made a
+    // steady churn of keys regrow both at every sweep.)
+    if entries.capacity() > 2 * *sweep_at {
+        entries.shrink_to(*sweep_at);
+        *index = HashTable::with_capacity(*sweep_at);
     } else {
         index.clear();
     }
