@@ -322,3 +322,43 @@ async fn a_huge_header_is_refused_by_the_server_and_changes_nothing() {
         "still serving"
     );
 }
+
+#[rate_limit(key = "ops-override-headers", count = 5, period = 60)]
+#[actix_web::get("/overridden")]
+async fn overridden_handler() -> impl actix_web::Responder {
+    "ok"
+}
+
+#[actix_web::test]
+async fn headers_state_the_overridden_rule() {
+    let _one_at_a_time = OVERRIDES.lock().await;
+    let server = actix_web::HttpServer::new(|| actix_web::App::new().service(overridden_handler))
+        .workers(1)
+        .bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap();
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    let one = std::net::IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let get = || http(one, addr, "GET", "/overridden", &[]);
+    let reply = get().await.unwrap();
+    assert_eq!(
+        reply.header("ratelimit-policy"),
+        Some("\"ops-override-headers\";q=5;w=60")
+    );
+    overrides::set(
+        "ops-override-headers",
+        RuleOverride {
+            count: Some(7),
+            period: Some(Duration::from_secs(90)),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let reply = get().await.unwrap();
+    assert_eq!(
+        reply.header("ratelimit-policy"),
+        Some("\"ops-override-headers\";q=7;w=90"),
+        "the policy is the rule in force"
+    );
+    overrides::clear("ops-override-headers");
+}

@@ -456,9 +456,12 @@ pub mod __private {
             check_on(site, limiter, &key).await
         }
 
-        /// What the rate-limit headers say of a rule the call passed.
+        /// What the rate-limit headers say of a rule the call passed: the
+        /// rule in force (an override's period, if any).
         pub fn report(site: &'static Site, permit: &Permit) -> Option<Report> {
-            Some(Report::new(site.name, &site.rule, permit.decision()))
+            let rule = crate::overrides::effective(site.name, &site.rule, false)
+                .map_or(site.rule, |(rule, _)| rule);
+            Some(Report::new(site.name, &rule, permit.decision()))
         }
 
         /// An actix handler returning `HttpResponse` answers 429 (or 503).
