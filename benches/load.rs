@@ -402,6 +402,23 @@ async fn compare(
     }
 }
 
+/// [`compare`] for every algorithm and concurrency asked for.
+async fn compare_all(server: &Server, contenders: &[Contender], options: &Options) {
+    for &algorithm in &options.algorithms {
+        for &concurrency in &options.concurrency {
+            compare(
+                server,
+                contenders,
+                algorithm,
+                concurrency,
+                options.duration,
+                options.slices,
+            )
+            .await;
+        }
+    }
+}
+
 async fn peers(url: &str) -> [Contender; 2] {
     let client = redis026::Client::open(url).unwrap();
     let manager = client.get_connection_manager().await.unwrap();
@@ -434,7 +451,6 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let duration = options.duration;
     runtime.block_on(async {
         if options.single {
             let server = Server::Single(RedisServer::start());
@@ -481,19 +497,7 @@ fn main() {
             .await;
             // What is compared runs in turns, so a drift of the machine
             // during the bench falls on all sides alike.
-            for &algorithm in &options.algorithms {
-                for &concurrency in &options.concurrency {
-                    compare(
-                        &server,
-                        &contenders,
-                        algorithm,
-                        concurrency,
-                        duration,
-                        options.slices,
-                    )
-                    .await;
-                }
-            }
+            compare_all(&server, &contenders, &options).await;
         }
         if options.cluster {
             let cluster = RedisCluster::start();
@@ -504,19 +508,7 @@ fn main() {
                 limiter: connect(RateLimiter::builder().redis_cluster(urls)).await,
                 sent: OURS,
             }];
-            for &algorithm in &options.algorithms {
-                for &concurrency in &options.concurrency {
-                    compare(
-                        &server,
-                        &contenders,
-                        algorithm,
-                        concurrency,
-                        duration,
-                        options.slices,
-                    )
-                    .await;
-                }
-            }
+            compare_all(&server, &contenders, &options).await;
         }
     });
 }

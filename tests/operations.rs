@@ -292,6 +292,19 @@ async fn hostile_key_parts_cannot_escape_or_bloat_the_key() {
     );
 }
 
+/// Serves one handler on a free loopback port, one worker.
+fn serve<S: actix_web::dev::HttpServiceFactory + 'static>(
+    service: fn() -> S,
+) -> std::net::SocketAddr {
+    let server = actix_web::HttpServer::new(move || actix_web::App::new().service(service()))
+        .workers(1)
+        .bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap();
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    addr
+}
+
 #[rate_limit(key = "api", count = 100, period = 60, by = header("x-api-key"))]
 #[actix_web::get("/api")]
 async fn api() -> impl actix_web::Responder {
@@ -300,12 +313,7 @@ async fn api() -> impl actix_web::Responder {
 
 #[actix_web::test]
 async fn a_huge_header_is_refused_by_the_server_and_changes_nothing() {
-    let server = actix_web::HttpServer::new(|| actix_web::App::new().service(api))
-        .workers(1)
-        .bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap();
-    let addr = server.addrs()[0];
-    actix_web::rt::spawn(server.run());
+    let addr = serve(|| api);
     let one = std::net::IpAddr::V4(Ipv4Addr::LOCALHOST);
     let huge = "k".repeat(1 << 20);
     let reply = http(one, addr, "GET", "/api", &[("x-api-key", &huge)]).await;
@@ -332,12 +340,7 @@ async fn overridden_handler() -> impl actix_web::Responder {
 #[actix_web::test]
 async fn headers_state_the_overridden_rule() {
     let _one_at_a_time = OVERRIDES.lock().await;
-    let server = actix_web::HttpServer::new(|| actix_web::App::new().service(overridden_handler))
-        .workers(1)
-        .bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap();
-    let addr = server.addrs()[0];
-    actix_web::rt::spawn(server.run());
+    let addr = serve(|| overridden_handler);
     let one = std::net::IpAddr::V4(Ipv4Addr::LOCALHOST);
     let get = || http(one, addr, "GET", "/overridden", &[]);
     let reply = get().await.unwrap();
