@@ -232,38 +232,42 @@ pub mod __private {
     /// What [`check`] answers: in process memory the answer is there at
     /// once, in a small future with no state machine to build or move; a
     /// backend's call is one boxed future.
-    #[derive(Debug)]
-    pub enum Checking<'a> {
+    pub type Checking<'a> = ReadyOr<'a, Result<Permit, RateLimited>>;
+
+    /// A future that is either its answer already or one boxed future.
+    pub enum ReadyOr<'a, T> {
         /// Decided already (taken when polled).
-        Ready(Option<Result<Permit, RateLimited>>),
+        Ready(Option<T>),
         /// Waiting on the backend.
-        Pending(Pending<'a>),
+        Pending(::core::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>),
     }
 
-    /// A check waiting on its backend.
-    pub struct Pending<'a>(
-        ::core::pin::Pin<Box<dyn Future<Output = Result<Permit, RateLimited>> + Send + 'a>>,
-    );
-
-    impl ::core::fmt::Debug for Pending<'_> {
+    impl<T> ::core::fmt::Debug for ReadyOr<'_, T> {
         fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-            f.write_str("Pending")
+            f.write_str(match self {
+                ReadyOr::Ready(_) => "Ready",
+                ReadyOr::Pending(_) => "Pending",
+            })
         }
     }
 
-    impl Future for Checking<'_> {
-        type Output = Result<Permit, RateLimited>;
+    // The answer is only ever moved out, never pinned; the pending future
+    // is pinned in its own box.
+    impl<T> Unpin for ReadyOr<'_, T> {}
+
+    impl<T> Future for ReadyOr<'_, T> {
+        type Output = T;
 
         #[inline]
         fn poll(
             mut self: ::core::pin::Pin<&mut Self>,
             cx: &mut ::core::task::Context<'_>,
-        ) -> ::core::task::Poll<Self::Output> {
+        ) -> ::core::task::Poll<T> {
             match &mut *self {
-                Checking::Ready(answer) => {
+                ReadyOr::Ready(answer) => {
                     ::core::task::Poll::Ready(answer.take().expect("polled after it was ready"))
                 }
-                Checking::Pending(Pending(future)) => future.as_mut().poll(cx),
+                ReadyOr::Pending(future) => future.as_mut().poll(cx),
             }
         }
     }
@@ -274,21 +278,21 @@ pub mod __private {
         key: &'a str,
     ) -> Checking<'a> {
         let Some(limiter) = limiter else {
-            return Checking::Pending(Pending(Box::pin(missing_limiter(site, key))));
+            return ReadyOr::Pending(Box::pin(missing_limiter(site, key)));
         };
         let shadow = site.shadow || limiter.is_shadow();
         let (rule, shadow) = crate::overrides::effective(site.name, &site.rule, shadow)
             .unwrap_or((site.rule, shadow));
         match limiter.acquire_at_once(&rule, key, site.cost) {
-            Some(answer) => Checking::Ready(Some(conclude(site, &rule, shadow, key, answer))),
+            Some(answer) => ReadyOr::Ready(Some(conclude(site, &rule, shadow, key, answer))),
             None => {
                 let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
-                Checking::Pending(Pending(Box::pin(async move {
+                ReadyOr::Pending(Box::pin(async move {
                     let answer = limiter
                         .acquire_from_backend(&rule, key, site.cost, on_error)
                         .await;
                     conclude(site, &rule, shadow, key, answer)
-                })))
+                }))
             }
         }
     }

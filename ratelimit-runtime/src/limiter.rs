@@ -218,7 +218,7 @@ impl RateLimiter {
         // Not an `async fn`: in process memory the answer is ready at once,
         // and no state machine is built around it.
         Deciding(if rule.algorithm() == Algorithm::Concurrency {
-            Acquiring::Ready(Some(Err(Error::PermitRequired)))
+            crate::__private::ReadyOr::Ready(Some(Err(Error::PermitRequired)))
         } else {
             self.acquire_with(rule, key, cost, self.on_error)
         })
@@ -270,8 +270,8 @@ impl RateLimiter {
         on_error: OnError,
     ) -> Acquiring<'a> {
         match self.acquire_at_once(rule, key, cost) {
-            Some(answer) => Acquiring::Ready(Some(answer)),
-            None => Acquiring::Backend(Box::pin(
+            Some(answer) => crate::__private::ReadyOr::Ready(Some(answer)),
+            None => crate::__private::ReadyOr::Pending(Box::pin(
                 self.acquire_from_backend(rule, key, cost, on_error),
             )),
         }
@@ -440,26 +440,7 @@ fn next_lease_id() -> u64 {
 }
 
 /// The future of [`RateLimiter::acquire_with`]: ready, or a backend's call.
-pub(crate) enum Acquiring<'a> {
-    Ready(Option<Result<Permit, Error>>),
-    Backend(Pin<Box<dyn Future<Output = Result<Permit, Error>> + Send + 'a>>),
-}
-
-impl Future for Acquiring<'_> {
-    type Output = Result<Permit, Error>;
-
-    fn poll(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        match &mut *self {
-            Acquiring::Ready(answer) => {
-                std::task::Poll::Ready(answer.take().expect("polled after it was ready"))
-            }
-            Acquiring::Backend(future) => future.as_mut().poll(cx),
-        }
-    }
-}
+pub(crate) type Acquiring<'a> = crate::__private::ReadyOr<'a, Result<Permit, Error>>;
 
 /// [`RateLimiter::check_cost`]'s future: the permit's decision.
 struct Deciding<'a>(Acquiring<'a>);
