@@ -23,7 +23,7 @@ local function release(key, now, slack, count, burst, period, cost, lease)
     else
         local members = {}
         for unit = 0, cost - 1 do
-            members[#members + 1] = lease .. ':' .. unit
+            members[#members + 1] = lease .. ':' .. text(unit)
             if #members == 4000 or unit == cost - 1 then
                 redis.call('ZREM', key, unpack(members))
                 members = {}

@@ -13,7 +13,7 @@ local function concurrency(key, now, slack, count, burst, period, cost, lease)
         allowed = 1
         add_units(key, cost, now + period, lease, 0)
         held = held + cost
-        redis.call('PEXPIRE', key, math.ceil(period / 1000) + slack)
+        redis.call('PEXPIRE', key, text(math.ceil(period / 1000) + slack))
     end
 
     local remaining = math.max(count - held, 0)

@@ -16,10 +16,10 @@ local function fixed_window(key, now, slack, count, burst, period, cost)
         -- A new window: the key lives exactly as long as it (+ slack when
         -- the caller fixes the time).
         redis.call('SET', key, 'F' .. struct.pack('>dd', cost, ends),
-            'PX', math.ceil(reset / 1000) + slack)
+            'PX', text(math.ceil(reset / 1000) + slack))
     else
         -- The same window: only the count changes, in place (the TTL stays).
-        redis.call('SETRANGE', key, 1, struct.pack('>d', used + cost))
+        redis.call('SETRANGE', key, '1', struct.pack('>d', used + cost))
     end
     used = used + cost
     local remaining = count - used

@@ -21,7 +21,7 @@ local function gcra(key, now, slack, count, burst, period, cost)
         local whole = idiv(ahead, count)
         -- Once the TAT has passed the key is the same as no key: expire then.
         redis.call('SET', key, 'G' .. struct.pack('>dd', now + whole, ahead - whole * count),
-            'PX', math.ceil(ceil_div(ahead, count) / 1000) + slack)
+            'PX', text(math.ceil(ceil_div(ahead, count) / 1000) + slack))
     end
 
     local retry = 0

@@ -10,6 +10,21 @@
 -- A script is this prelude, the algorithms it needs and a driver: single.lua
 -- (one check, the rule's own script) or batch.lua (many checks at once).
 
+-- Numbers go to redis.call as text made here. Given a Lua number, Redis
+-- formats it with "%.17g", a floating-point conversion that costs the server
+-- about as much as a fast command; an integer prints exactly with %d. The
+-- checks of a batch share most of their numbers (the time, a rule's TTL), so
+-- each is made once per script run.
+local texts = {}
+local function text(n)
+    local t = texts[n]
+    if not t then
+        t = string.format('%d', n)
+        texts[n] = t
+    end
+    return t
+end
+
 -- Exact floor(a / b) for integers below 2^53 (a double quotient can round up).
 local function idiv(a, b)
     local q = math.floor(a / b)
@@ -38,10 +53,11 @@ end
 -- to the sorted set (in batches: unpack() has a stack limit).
 local function add_units(key, cost, score, prefix, first)
     if cost == 1 then
-        redis.call('ZADD', key, score, prefix .. ':' .. first)
+        redis.call('ZADD', key, text(score), prefix .. ':' .. text(first))
         return
     end
     local args = {}
+    score = text(score)
     for i = 0, cost - 1 do
         args[#args + 1] = score
         args[#args + 1] = string.format('%s:%d', prefix, first + i)
@@ -56,7 +72,7 @@ end
 -- are left. A key of another type (another algorithm's state) is deleted
 -- first: a fresh start, as the memory backend makes.
 local function trim_and_count(key, upto)
-    if type(redis.pcall('ZREMRANGEBYSCORE', key, '-inf', upto)) == 'table' then
+    if type(redis.pcall('ZREMRANGEBYSCORE', key, '-inf', text(upto))) == 'table' then
         redis.call('DEL', key)
     end
     return redis.call('ZCARD', key)
@@ -64,5 +80,5 @@ end
 
 -- The score of the sorted set's member at rank `index` (-1: the last).
 local function score_at(key, index)
-    return tonumber(redis.call('ZRANGE', key, index, index, 'WITHSCORES')[2])
+    return tonumber(redis.call('ZRANGE', key, text(index), text(index), 'WITHSCORES')[2])
 end

@@ -15,7 +15,7 @@ local function sliding_log(key, now, slack, count, burst, period, cost)
         -- `held`. The time is packed (8 bytes; cheaper than decimal text).
         add_units(key, cost, now, struct.pack('>d', now), held)
         held = held + cost
-        redis.call('PEXPIRE', key, math.ceil(period / 1000) + slack)
+        redis.call('PEXPIRE', key, text(math.ceil(period / 1000) + slack))
     end
 
     local remaining = math.max(count - held, 0)

@@ -41,7 +41,7 @@ local function sliding_window(key, now, slack, count, burst, period, cost)
         cur, used = cur + cost, used + cost
         -- Worth keeping until this window's count has faded: the end of the next one.
         redis.call('SET', key, 'W' .. struct.pack('>ddd', start, cur, prev),
-            'PX', math.ceil((2 * period - elapsed) / 1000) + slack)
+            'PX', text(math.ceil((2 * period - elapsed) / 1000) + slack))
     end
 
     local remaining = math.max(count - used, 0)

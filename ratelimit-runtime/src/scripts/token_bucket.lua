@@ -30,7 +30,7 @@ local function token_bucket(key, now, slack, count, burst, period, cost)
         tokens = tokens - need
         -- Once full again the bucket is the same as no key: expire then.
         redis.call('SET', key, 'T' .. struct.pack('>dd', tokens, now),
-            'PX', math.ceil(ceil_div(capacity - tokens, count) / 1000) + slack)
+            'PX', text(math.ceil(ceil_div(capacity - tokens, count) / 1000) + slack))
     end
 
     local retry = 0
