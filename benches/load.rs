@@ -11,9 +11,10 @@
 //! cargo bench --bench load -- --slices 1                     # each side in one go
 //! ```
 //!
-//! What is compared (ours, ours per call, the floor, the peers) takes turns:
-//! `--slices` turns (4 unless said) of a quarter of `--duration-ms` each,
-//! so a drift of the machine falls on every side alike.
+//! At each concurrency, everything compared (every algorithm; ours, ours per
+//! call, the floor, the peers) takes turns: `--slices` turns (4 unless said)
+//! of a quarter of `--duration-ms` each, so a drift of the machine falls on
+//! every side alike. Lines come out one concurrency after another.
 //!
 //! Each run prints one JSON line: `{"backend", "algorithm", "concurrency",
 //! "ops", "ops_per_sec", "p50_us", "p99_us", "redis_usec_per_call"}`, the
@@ -370,23 +371,33 @@ impl Contender {
     }
 }
 
-/// Runs every contender that can run `algorithm` for `duration` each, in
-/// `slices` turns (each its share of the time, in the same order every
-/// turn, from empty keys), and prints one line each. Taking turns spreads a
-/// drift of the machine, which here moves throughput by 10-25 % within
-/// minutes, over all sides alike.
+/// Runs, at one concurrency, every algorithm asked for on every contender
+/// that can run it, for `duration` each, in `slices` turns (each its share
+/// of the time, in the same order every turn, from empty keys), and prints
+/// one line each. Taking turns spreads a drift of the machine, which here
+/// moves throughput by 10-40 % within minutes, over all sides alike: the
+/// ratios between contenders and between algorithms' server costs are
+/// measured over the same stretch of time.
 async fn compare(
     server: &Server,
     contenders: &[Contender],
-    algorithm: Algorithm,
+    algorithms: &[Algorithm],
     concurrency: usize,
     duration: Duration,
     slices: u32,
 ) {
-    let contenders: Vec<&Contender> = contenders.iter().filter(|c| c.runs(algorithm)).collect();
-    let mut totals: Vec<(Run, f64)> = contenders.iter().map(|_| Default::default()).collect();
+    let sides: Vec<(Algorithm, &Contender)> = algorithms
+        .iter()
+        .flat_map(|&algorithm| {
+            contenders
+                .iter()
+                .filter(move |c| c.runs(algorithm))
+                .map(move |c| (algorithm, c))
+        })
+        .collect();
+    let mut totals: Vec<(Run, f64)> = sides.iter().map(|_| Default::default()).collect();
     for _ in 0..slices.max(1) {
-        for (contender, (run, usec)) in contenders.iter().zip(&mut totals) {
+        for (&(algorithm, contender), (run, usec)) in sides.iter().zip(&mut totals) {
             server.flush();
             server.reset_stats();
             run.add(
@@ -397,25 +408,23 @@ async fn compare(
             *usec += server.usec_total(contender.sent());
         }
     }
-    for (contender, (run, usec)) in contenders.iter().zip(totals) {
+    for ((algorithm, contender), (run, usec)) in sides.into_iter().zip(totals) {
         report(contender.name(), algorithm.name(), concurrency, run, usec);
     }
 }
 
-/// [`compare`] for every algorithm and concurrency asked for.
+/// [`compare`] at every concurrency asked for.
 async fn compare_all(server: &Server, contenders: &[Contender], options: &Options) {
-    for &algorithm in &options.algorithms {
-        for &concurrency in &options.concurrency {
-            compare(
-                server,
-                contenders,
-                algorithm,
-                concurrency,
-                options.duration,
-                options.slices,
-            )
-            .await;
-        }
+    for &concurrency in &options.concurrency {
+        compare(
+            server,
+            contenders,
+            &options.algorithms,
+            concurrency,
+            options.duration,
+            options.slices,
+        )
+        .await;
     }
 }
 
