@@ -260,3 +260,31 @@ async fn a_cost_over_the_burst_is_an_error_not_a_silent_refusal() {
         "a call costing 5 can never pass a rule whose capacity is 4"
     );
 }
+
+/// Leases whose holders died are not counted, and the script trims them
+/// from the sorted set (at refusals, a full set, and about one acquire in
+/// ten): what dead holders leave behind stays bounded.
+#[tokio::test]
+async fn dead_leases_are_not_counted_and_are_trimmed_in_redis() {
+    let server = RedisServer::start();
+    let redis = redis_backend(&server).await;
+    let rule = Rule::concurrency(1_000, Duration::from_secs(1));
+    let mut largest = 0;
+    for id in 1..=300u64 {
+        // Each holder dies: its lease has expired by the next acquire.
+        let now = Duration::from_micros(EPOCH_US) + Duration::from_secs(2 * id);
+        let decision = redis
+            .acquire_at(&rule, "limiter:dead", 1, id, now)
+            .await
+            .unwrap();
+        assert!(decision.allowed);
+        assert_eq!(decision.remaining, 999, "lease {id}: dead leases counted");
+        let held: usize = redis::cmd("ZCARD")
+            .arg("limiter:dead")
+            .query(&mut server.connection())
+            .unwrap();
+        largest = largest.max(held);
+    }
+    // Ids ending in 0 trim: never more than ten leases, one of them live.
+    assert!(largest <= 10, "{largest} leases kept");
+}

@@ -729,10 +729,16 @@ impl Backend for RedisBackend {
             };
             return self.answered(run).await.map(drop);
         }
+        // The members concurrency.lua adds: "lease" for one unit, else
+        // "lease:unit" for each.
         let mut cmd = redis::cmd("ZREM");
         cmd.arg(key);
-        for unit in 0..cost {
-            cmd.arg(format!("{lease}:{unit}"));
+        if cost == 1 {
+            cmd.arg(lease);
+        } else {
+            for unit in 0..cost {
+                cmd.arg(format!("{lease}:{unit}"));
+            }
         }
         let run = async {
             let mut live = self.conn.get(&self.scripts).await?;

@@ -17,9 +17,9 @@
 --          reset_after (µs), retry_after (µs) (a release answers 1, 0, 0, 0)
 
 -- Gives back the units of a concurrency lease (the limiter's release).
-local function release(key, now, slack, count, burst, period, cost, lease)
+local function release(key, cost, lease)
     if cost == 1 then
-        redis.call('ZREM', key, lease .. ':0')
+        redis.call('ZREM', key, lease)
     else
         local members = {}
         for unit = 0, cost - 1 do
@@ -30,24 +30,30 @@ local function release(key, now, slack, count, burst, period, cost, lease)
             end
         end
     end
-    return 1, 0, 0, 0
 end
 
-local run = {fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency, release}
-local out, time, packed, pos = {}, nil, ARGV[1], 1
+local run = {fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency}
+local out, time, released, packed, pos = {}, nil, nil, ARGV[1], 1
 for i = 1, #KEYS do
     local what, count, burst, period, cost, now, lease
     what, count, burst, period, cost, now, lease, pos = struct.unpack('>ddddddd', packed, pos)
-    local slack = 3600000
-    if now < 0 then
-        if not time then
-            local t = redis.call('TIME')
-            time = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    if what == 7 then
+        -- A release needs no time, and its answer is always the same.
+        release(KEYS[i], cost, ARGV[lease])
+        released = released or struct.pack('>dddd', 1, 0, 0, 0)
+        out[i] = released
+    else
+        local slack = 3600000
+        if now < 0 then
+            if not time then
+                local t = redis.call('TIME')
+                time = tonumber(t[1]) * 1000000 + tonumber(t[2])
+            end
+            now, slack = time, 0
         end
-        now, slack = time, 0
+        local allowed, remaining, reset, retry = run[what](KEYS[i], now, slack, count, burst,
+            period, cost, ARGV[lease])
+        out[i] = struct.pack('>dddd', allowed, remaining, reset, retry)
     end
-    local allowed, remaining, reset, retry = run[what](KEYS[i], now, slack, count, burst, period,
-        cost, ARGV[lease])
-    out[i] = struct.pack('>dddd', allowed, remaining, reset, retry)
 end
 return table.concat(out)

@@ -24,6 +24,16 @@ local function text(n)
     end
     return t
 end
+-- The exclusive bound "(n" (scores above n), made once per script run too.
+local aboves = {}
+local function above(n)
+    local t = aboves[n]
+    if not t then
+        t = '(' .. text(n)
+        aboves[n] = t
+    end
+    return t
+end
 
 -- Exact floor(a / b) for integers below 2^53 (a double quotient can round up).
 local function idiv(a, b)
