@@ -262,8 +262,8 @@ async fn a_cost_over_the_burst_is_an_error_not_a_silent_refusal() {
 }
 
 /// Leases whose holders died are not counted, and the script trims them
-/// from the sorted set (at refusals, a full set, and about one acquire in
-/// ten): what dead holders leave behind stays bounded.
+/// from the sorted set (at a refusal, and at about one acquire in ten):
+/// what dead holders leave behind stays bounded.
 #[tokio::test]
 async fn dead_leases_are_not_counted_and_are_trimmed_in_redis() {
     let server = RedisServer::start();
