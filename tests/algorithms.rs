@@ -279,12 +279,59 @@ async fn dead_leases_are_not_counted_and_are_trimmed_in_redis() {
             .unwrap();
         assert!(decision.allowed);
         assert_eq!(decision.remaining, 999, "lease {id}: dead leases counted");
-        let held: usize = redis::cmd("ZCARD")
+        // Leases are scored by their expiry; the set's one other member
+        // (when its TTL was set) is scored at or below 0.
+        let held: usize = redis::cmd("ZCOUNT")
             .arg("limiter:dead")
+            .arg("(0")
+            .arg("+inf")
             .query(&mut server.connection())
             .unwrap();
         largest = largest.max(held);
     }
     // Ids ending in 0 trim: never more than ten leases, one of them live.
     assert!(largest <= 10, "{largest} leases kept");
+}
+
+/// The script sets a lease key's TTL only at the first acquire of each
+/// period (the key lives to the end of the next one). Leases taken every
+/// 30 ms over several 100 ms periods, none released: after each, the key
+/// must outlive its newest lease. On the server's
+/// own clock, through the rule's own script and through the batch script.
+#[tokio::test]
+async fn a_lease_key_outlives_its_newest_lease() {
+    use ratelimit_runtime::backend::Backend;
+
+    let server = RedisServer::start();
+    let rule = Rule::concurrency(1_000, Duration::from_millis(100));
+    for (path, redis) in [
+        ("alone", redis_backend(&server).await),
+        ("batch", redis_backend(&server).await.batch_every_check()),
+    ] {
+        let key = format!("limiter:outlives:{path}");
+        for id in 1..=12u64 {
+            let decision = redis.acquire(&rule, &key, 1, id).await.unwrap();
+            assert!(decision.allowed, "{path}, lease {id}");
+            let mut conn = server.connection();
+            let (newest, pttl, time): (Vec<(String, f64)>, i64, (u64, u64)) = redis::pipe()
+                .cmd("ZRANGE")
+                .arg(&key)
+                .arg(-1)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .cmd("PTTL")
+                .arg(&key)
+                .cmd("TIME")
+                .query(&mut conn)
+                .unwrap();
+            assert_eq!(newest[0].0, id.to_string(), "{path}: the newest lease");
+            let now_us = time.0 * 1_000_000 + time.1;
+            let lives_us = (newest[0].1 as u64).saturating_sub(now_us);
+            assert!(
+                pttl >= 0 && (pttl as u64 + 1) * 1_000 >= lives_us,
+                "{path}, lease {id}: the key expires in {pttl} ms, its newest lease in {lives_us} µs"
+            );
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+    }
 }

@@ -197,3 +197,54 @@ async fn the_batch_script_is_reloaded_after_script_flush() {
     // NOSCRIPT: the batch script is loaded again and the batch re-sent once.
     assert_eq!(check().await.unwrap().remaining, 28);
 }
+
+/// Leases of one to three units, taken and given back by many tasks at
+/// once while other checks run: batches mix checks, acquires and releases
+/// of all sizes, and each release takes back exactly its own lease. When all
+/// are done no lease is left, and the whole capacity can be taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_batches_release_exactly_their_own_leases() {
+    let server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let rule = Rule::concurrency(1_000, Duration::from_secs(60));
+    let before = evalsha_calls(&server);
+    let mut tasks = Vec::new();
+    for t in 0..60u64 {
+        let limiter = limiter.clone();
+        tasks.push(tokio::spawn(async move {
+            for round in 0..5u64 {
+                let key = format!("co:units:{}", (t + round) % 3);
+                let cost = 1 + (t + round) % 3;
+                let permit = limiter.acquire(&rule, &key, cost).await.unwrap();
+                assert!(permit.decision().allowed);
+                let other = limiter.check(&RULES[0], &format!("co:other:{t}")).await;
+                assert!(other.unwrap().allowed);
+                permit.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // 300 acquires, 300 releases and 300 checks.
+    let calls = evalsha_calls(&server) - before;
+    assert!(calls * 2 < 900, "{calls} script calls: not coalesced");
+    for k in 0..3 {
+        let key = format!("co:units:{k}");
+        let live: u64 = redis::cmd("ZCOUNT")
+            .arg(&key)
+            .arg("(0")
+            .arg("+inf")
+            .query(&mut server.connection())
+            .unwrap();
+        assert_eq!(live, 0, "{key}: leases left behind");
+        let all = limiter.acquire(&rule, &key, 1_000).await.unwrap();
+        assert!(all.decision().allowed, "{key}: the whole capacity again");
+        assert_eq!(all.decision().remaining, 0);
+    }
+}

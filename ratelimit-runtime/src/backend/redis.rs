@@ -227,9 +227,13 @@ const MAX_BATCH: usize = 128;
 /// small at 256 tasks (`cargo bench --bench load`).
 const IN_FLIGHT: usize = 8;
 
-/// `what` of a release in the batch script (checks are 1..=6, the
-/// algorithm's place in [`Algorithm::ALL`] plus one).
+/// `what` of a release in a batch (checks are 1..=6, the algorithm's place
+/// in [`Algorithm::ALL`] plus one).
 const RELEASE: u8 = 7;
+
+/// What a release's caller is told once its batch ran (the script answers
+/// checks only).
+const RELEASED: [i64; 4] = [1, 0, 0, 0];
 
 /// Where a job's answer arrives.
 type Answer = oneshot::Receiver<Result<[i64; 4], Error>>;
@@ -316,20 +320,25 @@ async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
     if jobs.is_empty() {
         return;
     }
+    // The checks first, then the releases (see batch.lua); the order within
+    // each does not matter.
+    jobs.sort_unstable_by_key(|job| job.what == RELEASE);
+    let checks = jobs.partition_point(|job| job.what != RELEASE);
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(scripts.batch.get_hash()).arg(jobs.len());
     for job in &jobs {
         cmd.arg(&*job.key);
     }
-    // The numbers go packed in one argument (see batch.lua); lease ids
-    // follow, each as its own argument.
-    let mut packed = Vec::with_capacity(jobs.len() * 7 * 8);
-    let mut leases = 0u32;
-    for job in &jobs {
+    // The numbers go packed (see batch.lua): seven per check, then the
+    // releases' costs (none when all are 1); lease ids follow, each as its
+    // own argument.
+    let mut packed = Vec::with_capacity(checks * 7 * 8);
+    let mut leases = 2u32;
+    for job in &jobs[..checks] {
         let lease_at = match job.lease {
             Some(_) => {
                 leases += 1;
-                f64::from(leases + 1)
+                f64::from(leases)
             }
             None => 0.0,
         };
@@ -347,6 +356,16 @@ async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
         }
     }
     cmd.arg(packed);
+    let releases = &jobs[checks..];
+    if releases.iter().all(|job| job.cost == 1) {
+        cmd.arg(&b""[..]);
+    } else {
+        let costs: Vec<u8> = releases
+            .iter()
+            .flat_map(|job| (job.cost as f64).to_be_bytes())
+            .collect();
+        cmd.arg(costs);
+    }
     for lease in jobs.iter().filter_map(|job| job.lease) {
         cmd.arg(lease);
     }
@@ -363,16 +382,19 @@ async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
     }
     .await;
     match reply {
-        Ok(packed) if packed.len() == 32 * jobs.len() => {
-            for (job, answer) in jobs.into_iter().zip(packed.chunks_exact(32)) {
-                // Whole numbers below 2^53, exact as doubles.
-                let number = |i: usize| {
-                    let bytes = answer[8 * i..8 * i + 8].try_into().expect("8 bytes");
-                    f64::from_be_bytes(bytes) as i64
-                };
-                let _ = job
-                    .reply
-                    .send(Ok([number(0), number(1), number(2), number(3)]));
+        Ok(packed) if packed.len() == 32 * checks => {
+            // The checks' answers, in order; the releases after them get none.
+            let mut answers = packed.chunks_exact(32);
+            for job in jobs {
+                let answer = answers.next().map_or(RELEASED, |answer| {
+                    // Whole numbers below 2^53, exact as doubles.
+                    let number = |i: usize| {
+                        let bytes = answer[8 * i..8 * i + 8].try_into().expect("8 bytes");
+                        f64::from_be_bytes(bytes) as i64
+                    };
+                    [number(0), number(1), number(2), number(3)]
+                });
+                let _ = job.reply.send(Ok(answer));
             }
         }
         failed => {
@@ -380,7 +402,7 @@ async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
                 Ok(packed) => Error::Config(format!(
                     "the batch script answered {} bytes for {} checks",
                     packed.len(),
-                    jobs.len()
+                    checks
                 )),
                 Err(error) => error,
             }));

@@ -1,17 +1,24 @@
-
 -- concurrency: at most `count` units in flight. Each call holds a lease (one
 -- member per unit, scored by when it expires) until it is released with ZREM
 -- or `period` passes (its holder is taken for dead). Mirrors acquire() in
 -- src/algorithm.rs.
 --
 -- key  sorted set of leases: member "lease" (one unit) or "lease:unit",
---      score = expiry (µs)
+--      score = expiry (µs); and member "epoch", score = minus the period
+--      number (now / period) at which the key's TTL was last set
 --
 -- Leases scored up to `now` are dead and never counted (ZCOUNT counts the
 -- live ones), so they need not be removed at every call: they are trimmed
 -- at a refusal and at about one acquire in ten (the lease id's last digit,
--- random), which bounds what dead holders leave behind. The key itself
--- expires with its newest lease.
+-- random), which bounds what dead holders leave behind.
+--
+-- The key lives until the end of the period after the current one: every
+-- lease taken in this period expires before then. So the TTL is set at the
+-- first acquire of each period only, which the "epoch" member tells: it is
+-- added with the lease, in the same ZADD, with LT (kept unless the new
+-- score is lower, i.e. the period newer) and CH (the reply counts it when
+-- it changed). Its score is never above 0, so no count, trim or lookup of
+-- leases (all scored above `now`, or in (0, now]) ever sees it.
 local function concurrency(key, now, slack, count, burst, period, cost, lease)
     local live = above(now)
     local held = redis.pcall('ZCOUNT', key, live, '+inf')
@@ -23,16 +30,24 @@ local function concurrency(key, now, slack, count, burst, period, cost, lease)
     local allowed = 0
     if held + cost <= count then
         allowed = 1
+        local epoch = idiv(now, period)
+        local changed
         if cost == 1 then
-            redis.call('ZADD', key, text(now + period), lease)
+            changed = redis.call('ZADD', key, 'LT', 'CH', text(now + period), lease,
+                text(-epoch), 'epoch')
         else
             add_units(key, cost, now + period, lease, 0)
+            changed = 1 + redis.call('ZADD', key, 'LT', 'CH', text(-epoch), 'epoch')
+        end
+        if changed > 1 then
+            -- The first acquire of this period (or of the key).
+            local ends = (epoch + 2) * period
+            redis.call('PEXPIRE', key, text(math.ceil((ends - now) / 1000) + slack))
         end
         held = held + cost
-        redis.call('PEXPIRE', key, text(math.ceil(period / 1000) + slack))
     end
     if allowed == 0 or string.byte(lease, -1) == 48 then
-        redis.call('ZREMRANGEBYSCORE', key, '-inf', text(now))
+        redis.call('ZREMRANGEBYSCORE', key, '(0', text(now))
     end
 
     local remaining = math.max(count - held, 0)
