@@ -90,15 +90,20 @@ async fn mixed_burst(limiter: &RateLimiter, server: &RedisServer) -> (u64, u64) 
     (calls, 500 + 100 + granted)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_checks_share_script_calls_and_keep_their_answers() {
-    let server = RedisServer::start();
-    let limiter = RateLimiter::builder()
+/// A limiter on `server` as built by default: concurrent checks coalesced.
+async fn coalescing(server: &RedisServer) -> RateLimiter {
+    RateLimiter::builder()
         .redis(server.url())
         .timeout(Duration::from_secs(5))
         .build()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_checks_share_script_calls_and_keep_their_answers() {
+    let server = RedisServer::start();
+    let limiter = coalescing(&server).await;
     let (calls, checks) = mixed_burst(&limiter, &server).await;
     assert!(
         calls * 2 < checks,
@@ -205,12 +210,7 @@ async fn the_batch_script_is_reloaded_after_script_flush() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_batches_release_exactly_their_own_leases() {
     let server = RedisServer::start();
-    let limiter = RateLimiter::builder()
-        .redis(server.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let limiter = coalescing(&server).await;
     let rule = Rule::concurrency(1_000, Duration::from_secs(60));
     let before = evalsha_calls(&server);
     let mut tasks = Vec::new();
