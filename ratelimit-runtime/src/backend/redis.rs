@@ -333,6 +333,7 @@ async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
     // releases' costs (none when all are 1); lease ids follow, each as its
     // own argument.
     let mut packed = Vec::with_capacity(checks * 7 * 8);
+    // The ARGV index of the last lease id placed: they start at ARGV[3].
     let mut leases = 2u32;
     for job in &jobs[..checks] {
         let lease_at = match job.lease {
