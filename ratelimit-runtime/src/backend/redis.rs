@@ -252,6 +252,30 @@ struct Job {
 }
 
 impl Job {
+    /// Where the job goes in a batch: 0 a check whose state is a string (read
+    /// ahead), 1 another check (a sorted set), 2 a release.
+    fn place(&self) -> u8 {
+        match Algorithm::ALL.get(usize::from(self.what) - 1) {
+            Some(Algorithm::SlidingLog | Algorithm::Concurrency) => 1,
+            Some(_) => 0,
+            None => 2,
+        }
+    }
+
+    /// What a check shares with the checks of the same rule in a batch.
+    fn rule(&self) -> (u8, u64, u64, u64, Option<u64>, bool) {
+        let Job {
+            what,
+            count,
+            burst,
+            period_us,
+            now,
+            lease,
+            ..
+        } = *self;
+        (what, count, burst, period_us, now, lease.is_some())
+    }
+
     fn new(
         what: u8,
         rule: &Rule,
@@ -320,53 +344,57 @@ async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
     if jobs.is_empty() {
         return;
     }
-    // The checks first, then the releases (see batch.lua); the order within
-    // each does not matter.
-    jobs.sort_unstable_by_key(|job| job.what == RELEASE);
-    let checks = jobs.partition_point(|job| job.what != RELEASE);
+    // The checks that keep a string state first (their keys are read ahead),
+    // then the other checks, then the releases (see batch.lua); the order
+    // within each does not matter.
+    jobs.sort_unstable_by_key(Job::place);
+    let checks = jobs.partition_point(|job| job.place() < 2);
+    let read_ahead = jobs.partition_point(|job| job.place() < 1);
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(scripts.batch.get_hash()).arg(jobs.len());
     for job in &jobs {
         cmd.arg(&*job.key);
     }
-    // The numbers go packed (see batch.lua): seven per check, then the
-    // releases' costs (none when all are 1); lease ids follow, each as its
-    // own argument.
-    let mut packed = Vec::with_capacity(checks * 7 * 8);
-    // The ARGV index of the last lease id placed: they start at ARGV[3].
-    let mut leases = 2u32;
+    // The rules, packed (see batch.lua): each distinct one once, six numbers;
+    // then one byte per check, its rule's number.
+    let mut rules = Vec::new();
+    let mut order = Vec::with_capacity(checks);
     for job in &jobs[..checks] {
-        let lease_at = match job.lease {
-            Some(_) => {
-                leases += 1;
-                f64::from(leases)
-            }
-            None => 0.0,
-        };
-        let now = job.now.map_or(-1.0, |now| now as f64);
+        let rule = job.rule();
+        let at = rules.iter().position(|r| *r == rule).unwrap_or_else(|| {
+            rules.push(rule);
+            rules.len() - 1
+        });
+        // At most MAX_BATCH (128) checks, so as many rules: one byte, from 1.
+        order.push(at as u8 + 1);
+    }
+    let mut packed = Vec::with_capacity(rules.len() * 6 * 8);
+    for &(what, count, burst, period_us, now, leased) in &rules {
         for number in [
-            f64::from(job.what),
-            job.count as f64,
-            job.burst as f64,
-            job.period_us as f64,
-            job.cost as f64,
-            now,
-            lease_at,
+            f64::from(what),
+            count as f64,
+            burst as f64,
+            period_us as f64,
+            now.map_or(-1.0, |now| now as f64),
+            f64::from(u8::from(leased)),
         ] {
             packed.extend_from_slice(&number.to_be_bytes());
         }
     }
-    cmd.arg(packed);
-    let releases = &jobs[checks..];
-    if releases.iter().all(|job| job.cost == 1) {
+    cmd.arg(packed).arg(order);
+    // The costs, only when one is not 1.
+    if jobs.iter().all(|job| job.cost == 1) {
         cmd.arg(&b""[..]);
     } else {
-        let costs: Vec<u8> = releases
+        let costs: Vec<u8> = jobs
             .iter()
             .flat_map(|job| (job.cost as f64).to_be_bytes())
             .collect();
         cmd.arg(costs);
     }
+    cmd.arg(read_ahead);
+    // The lease ids, each as its own argument: the checks' that carry one,
+    // in order, then the releases'.
     for lease in jobs.iter().filter_map(|job| job.lease) {
         cmd.arg(lease);
     }

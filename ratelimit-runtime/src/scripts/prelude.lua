@@ -50,8 +50,15 @@ local function ceil_div(a, b) return idiv(a + b - 1, b) end
 -- The numbers of the state tagged `tag` holding `n` numbers, or nil when the
 -- key holds nothing, another algorithm's state, or another type (treated as
 -- absent, as the memory backend does; the script's SET replaces it).
+--
+-- A batch reads its string states ahead, in one MGET (see batch.lua):
+-- `ahead[key]` is the value read (false: none, or not a string) until the
+-- key's first check in the batch has run; then nil again, and a later check
+-- of the same key reads it anew.
+local ahead = {}
 local function load(key, tag, n)
-    local stored = redis.pcall('GET', key)
+    local stored = ahead[key]
+    if stored == nil then stored = redis.pcall('GET', key) end
     if type(stored) ~= 'string' or #stored ~= 1 + 8 * n or string.sub(stored, 1, 1) ~= tag then
         return nil
     end
