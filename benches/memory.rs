@@ -146,7 +146,7 @@ fn benches(c: &mut Criterion) {
 
 /// The machine's own cost of the miss a check over many keys pays: one
 /// read of a random cache line that depends on the previous read, within
-/// buffers of 2 to 16 MiB (100k entries of 80 bytes take 8 MiB).
+/// buffers of 2 to 16 MiB (100k entries of 72 bytes take 7 MiB).
 fn latency(c: &mut Criterion) {
     let mut group = c.benchmark_group("dependent_read");
     for mib in [2usize, 4, 8, 16] {

@@ -53,7 +53,7 @@ pub(crate) enum State {
         ends: u64,
     },
     /// Call times, oldest first; one entry per unit of cost.
-    SlidingLog(VecDeque<u64>),
+    SlidingLog(Log),
     SlidingWindow {
         start: u64,
         cur: u64,
@@ -137,19 +137,19 @@ fn fixed_window(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) -> O
 fn sliding_log(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) -> Outcome {
     let (count, period) = (rule.count(), rule.period_us());
     if !matches!(slot, Some(State::SlidingLog(_))) {
-        *slot = Some(State::SlidingLog(VecDeque::new()));
+        *slot = Some(State::SlidingLog(Log::default()));
     }
     let Some(State::SlidingLog(log)) = slot else {
         unreachable!("set just above")
     };
     // A call at time t counts while now < t + period.
-    while log.front().is_some_and(|&t| t + period <= now) {
+    while log.front().is_some_and(|t| t + period <= now) {
         log.pop_front();
     }
     let held = log.len() as u64;
     let allowed = held + cost <= count;
     if allowed {
-        log.extend(std::iter::repeat_n(now, cost as usize));
+        log.push(now, cost as usize);
     }
     let held = log.len() as u64;
     let remaining = count.saturating_sub(held);
@@ -158,13 +158,97 @@ fn sliding_log(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) -> Ou
     } else {
         // The oldest `held + cost - count` calls must leave the window first.
         let oldest_needed = (held + cost - count - 1) as usize;
-        log[oldest_needed] + period - now
+        log.get(oldest_needed) + period - now
     };
     Outcome {
         allowed,
         remaining,
-        reset_after_us: log.back().map_or(0, |&newest| newest + period - now),
+        reset_after_us: log.back().map_or(0, |newest| newest + period - now),
         retry_after_us,
+    }
+}
+
+/// A sliding log's call times, oldest first. The first few are kept in place
+/// (most keys of a per-client limit hold one or two calls), so a new key
+/// costs no allocation; longer logs move to the heap and stay there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Log {
+    Inline { len: u8, times: [u64; INLINE_LOG] },
+    /// Boxed, so a log, hence every state, stays 24 bytes (a `VecDeque`
+    /// is 32): the in-memory store's entries are smaller for it.
+    #[expect(
+        clippy::box_collection,
+        reason = "keeps the state small; only logs past the inline calls pay the box"
+    )]
+    Heap(Box<VecDeque<u64>>),
+}
+
+/// How many call times a log keeps in place.
+const INLINE_LOG: usize = 2;
+
+impl Default for Log {
+    fn default() -> Self {
+        Log::Inline {
+            len: 0,
+            times: [0; INLINE_LOG],
+        }
+    }
+}
+
+impl Log {
+    fn len(&self) -> usize {
+        match self {
+            Log::Inline { len, .. } => usize::from(*len),
+            Log::Heap(log) => log.len(),
+        }
+    }
+
+    /// The `i`th oldest time; `i` is below `len()`.
+    fn get(&self, i: usize) -> u64 {
+        match self {
+            Log::Inline { times, .. } => times[i],
+            Log::Heap(log) => log[i],
+        }
+    }
+
+    fn front(&self) -> Option<u64> {
+        (self.len() > 0).then(|| self.get(0))
+    }
+
+    fn back(&self) -> Option<u64> {
+        self.len().checked_sub(1).map(|i| self.get(i))
+    }
+
+    fn pop_front(&mut self) {
+        match self {
+            Log::Inline { len, times } => {
+                if *len > 0 {
+                    times.copy_within(1.., 0);
+                    *len -= 1;
+                }
+            }
+            Log::Heap(log) => {
+                log.pop_front();
+            }
+        }
+    }
+
+    /// Appends `n` calls at time `t`.
+    fn push(&mut self, t: u64, n: usize) {
+        if let Log::Inline { len, times } = self {
+            let at = usize::from(*len);
+            if at + n <= INLINE_LOG {
+                times[at..at + n].fill(t);
+                *len += n as u8;
+                return;
+            }
+            let mut log = VecDeque::with_capacity((at + n).max(2 * INLINE_LOG));
+            log.extend(&times[..at]);
+            *self = Log::Heap(Box::new(log));
+        }
+        if let Log::Heap(log) = self {
+            log.extend(std::iter::repeat_n(t, n));
+        }
     }
 }
 
@@ -400,6 +484,60 @@ mod tests {
             "the first call leaves the window at 1 s"
         );
         assert_eq!(out[1].reset_after_us, S);
+    }
+
+    #[test]
+    fn a_log_keeps_its_order_in_place_and_on_the_heap() {
+        // Pushes and pops in every mix of lengths around the inline
+        // capacity, held against a plain VecDeque.
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut log = Log::default();
+        let mut plain = VecDeque::new();
+        let mut spilled = false;
+        for t in 0..4000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if x.is_multiple_of(3) {
+                log.pop_front();
+                plain.pop_front();
+            } else {
+                let n = (x >> 8) as usize % (INLINE_LOG + 2);
+                log.push(t, n);
+                plain.extend(std::iter::repeat_n(t, n));
+            }
+            if t.is_multiple_of(8) {
+                // Back to an empty log, inline again: short runs try every
+                // mix of pushes and pops in place.
+                log = Log::default();
+                plain.clear();
+            }
+            assert_eq!(log.len(), plain.len(), "at {t}");
+            assert_eq!(log.front(), plain.front().copied(), "at {t}");
+            assert_eq!(log.back(), plain.back().copied(), "at {t}");
+            for (i, &time) in plain.iter().enumerate() {
+                assert_eq!(log.get(i), time, "at {t}");
+            }
+            spilled |= matches!(log, Log::Heap(_));
+        }
+        assert!(spilled, "some runs spilled to the heap");
+    }
+
+    #[test]
+    fn a_sliding_log_past_its_inline_calls_counts_them_all() {
+        let rule = Rule::sliding_log(5, Duration::from_secs(1));
+        let out = run(
+            &rule,
+            &[(0, 1), (1, 1), (2, 2), (3, 1), (4, 1), (S, 1), (S + 2, 3)],
+        );
+        assert_eq!(allowed(&out), [true, true, true, true, false, true, true]);
+        assert_eq!(out[3].remaining, 0);
+        assert_eq!(out[4].retry_after_us, S - 4, "the first call leaves at 1 s");
+        assert_eq!(
+            out[6].remaining, 0,
+            "the calls at 1 and 2 µs left, 3 more fit"
+        );
+        assert_eq!(out[6].reset_after_us, S);
     }
 
     #[test]
