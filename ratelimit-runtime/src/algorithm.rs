@@ -173,9 +173,12 @@ fn sliding_log(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) -> Ou
 /// costs no allocation; longer logs move to the heap and stay there.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Log {
-    Inline { len: u8, times: [u64; INLINE_LOG] },
-    /// Boxed, so a log, hence every state, stays 24 bytes (a `VecDeque`
-    /// is 32): the in-memory store's entries are smaller for it.
+    Inline {
+        len: u8,
+        times: [u64; INLINE_LOG],
+    },
+    /// Boxed, so a log stays 24 bytes, no more than the other states hold
+    /// (a `VecDeque` is 32): the in-memory store's entries are smaller for it.
     #[expect(
         clippy::box_collection,
         reason = "keeps the state small; only logs past the inline calls pay the box"
