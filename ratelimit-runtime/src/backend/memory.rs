@@ -56,8 +56,13 @@ struct Inner {
     clock: Box<dyn Clock>,
 }
 
-/// Keys are hashed as bytes (`hash_one(key.as_bytes())`) everywhere.
 type Hasher = foldhash::fast::RandomState;
+
+/// A key's hash: the one function every lookup, insert and index rebuild
+/// uses, so a key stored and a key asked for always agree.
+fn key_hash(hasher: &Hasher, key: &[u8]) -> u64 {
+    hasher.hash_one(key)
+}
 
 /// One lock's worth of keys, on its own cache line.
 #[derive(Debug, Default)]
@@ -111,7 +116,7 @@ impl ShardMap {
         self.entries.push(entry);
         let entries = &self.entries;
         self.index.insert_unique(hash, at, |&at| {
-            hasher.hash_one(entries[at as usize].key.as_bytes())
+            key_hash(hasher, entries[at as usize].key.as_bytes())
         });
     }
 }
@@ -239,7 +244,7 @@ impl MemoryBackend {
 
     /// Gives back lease `id` of a concurrency rule.
     pub(crate) fn release_now(&self, key: &str, id: u64) {
-        let hash = self.inner.hasher.hash_one(key.as_bytes());
+        let hash = key_hash(&self.inner.hasher, key.as_bytes());
         if let Some(entry) = self.shard(hash).find_mut(hash, key) {
             algorithm::release(&mut entry.slot.state, id);
         }
@@ -252,7 +257,7 @@ impl MemoryBackend {
         step: impl FnOnce(&mut Option<State>, u64) -> algorithm::Outcome,
     ) -> Decision {
         let now = u64::try_from(self.inner.clock.now().as_micros()).unwrap_or(u64::MAX);
-        let hash = self.inner.hasher.hash_one(key.as_bytes());
+        let hash = key_hash(&self.inner.hasher, key.as_bytes());
         let mut shard = self.shard(hash);
         let outcome = match shard.find_mut(hash, key) {
             Some(Entry { slot, .. }) => {
@@ -381,7 +386,7 @@ fn sweep(shard: &mut ShardMap, now: u64, hasher: &Hasher) {
     } else {
         index.clear();
     }
-    let rehash = |entry: &Entry| hasher.hash_one(entry.key.as_bytes());
+    let rehash = |entry: &Entry| key_hash(hasher, entry.key.as_bytes());
     for (at, entry) in entries.iter().enumerate() {
         // `at` is below the shard's cap, under 2^32.
         index.insert_unique(rehash(entry), at as u32, |&at| {
