@@ -333,27 +333,89 @@ fn secs_up(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
+/// Whether a name is its own Structured Field string between quotes (nearly
+/// always: printable ASCII without `"` or `\\`).
+fn plain(name: &str) -> bool {
+    name.bytes()
+        .all(|b| matches!(b, b' '..=b'~') && b != b'"' && b != b'\\')
+}
+
+/// The length of [`push_sf_string`]'s output.
+fn sf_string_len(name: &str) -> usize {
+    if plain(name) {
+        return name.len() + 2;
+    }
+    2 + name
+        .chars()
+        .map(|c| if matches!(c, '"' | '\\') { 2 } else { 1 })
+        .sum::<usize>()
+}
+
 /// A Structured Field string: `"` and `\` escaped, anything but printable
 /// ASCII replaced.
-fn sf_string(out: &mut String, text: &str) {
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
+fn push_sf_string(out: &mut Vec<u8>, name: &str) {
+    out.push(b'"');
+    if plain(name) {
+        out.extend_from_slice(name.as_bytes());
+    } else {
+        for c in name.chars() {
+            match c {
+                '"' | '\\' => out.extend_from_slice(&[b'\\', c as u8]),
+                ' '..='~' => out.push(c as u8),
+                _ => out.push(b'?'),
             }
-            ' '..='~' => out.push(c),
-            _ => out.push('?'),
         }
     }
-    out.push('"');
+    out.push(b'"');
 }
+
+fn decimal_len(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |digits| digits as usize + 1)
+}
+
+/// A draft field's value: each report as its name and two parameters
+/// (`"api";q=100;w=60, ...`), written into one buffer of exactly its length,
+/// which the header value then owns (one allocation, no copy).
+fn draft_value<'a>(
+    reports: impl Iterator<Item = &'a Report> + Clone,
+    [first, second]: [&[u8]; 2],
+    numbers: impl Fn(&Report) -> [u64; 2],
+) -> Option<HeaderValue> {
+    let mut len = 0;
+    for (i, report) in reports.clone().enumerate() {
+        let [a, b] = numbers(report);
+        len += if i > 0 { 2 } else { 0 }
+            + sf_string_len(report.name)
+            + first.len()
+            + decimal_len(a)
+            + second.len()
+            + decimal_len(b);
+    }
+    let mut value = Vec::with_capacity(len);
+    let mut digits = itoa::Buffer::new();
+    for (i, report) in reports.enumerate() {
+        if i > 0 {
+            value.extend_from_slice(b", ");
+        }
+        push_sf_string(&mut value, report.name);
+        let [a, b] = numbers(report);
+        value.extend_from_slice(first);
+        value.extend_from_slice(digits.format(a).as_bytes());
+        value.extend_from_slice(second);
+        value.extend_from_slice(digits.format(b).as_bytes());
+    }
+    // Full, so the bytes become the value's without another allocation.
+    debug_assert_eq!(value.len(), value.capacity());
+    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
+}
+
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Appends the header fields for these rules' reports to `headers`.
 ///
 /// On every allowed response of a limited handler: each value is written
-/// once into its own buffer, which the header map then owns (no copy), and
+/// once, into a buffer of its exact size that the header map then owns, and
 /// the reports are read where they are (no list collected).
 pub(crate) fn append_rate_limit_headers<'a, I>(
     style: HeaderStyle,
@@ -368,31 +430,15 @@ pub(crate) fn append_rate_limit_headers<'a, I>(
         return;
     }
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
-        let (mut policy, mut state) = (String::with_capacity(48), String::with_capacity(48));
-        for (i, report) in reports.clone().enumerate() {
-            if i > 0 {
-                policy.push_str(", ");
-                state.push_str(", ");
-            }
-            sf_string(&mut policy, report.name);
-            let _ = write!(
-                policy,
-                ";q={};w={}",
-                report.limit,
-                secs_up(report.period).max(1)
-            );
-            sf_string(&mut state, report.name);
-            let _ = write!(
-                state,
-                ";r={};t={}",
-                report.remaining,
-                secs_up(report.reset_after)
-            );
-        }
-        for (name, value) in [("ratelimit-policy", policy), ("ratelimit", state)] {
-            if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
-                headers.append(HeaderName::from_static(name), value);
-            }
+        let policy = draft_value(reports.clone(), [b";q=", b";w="], |r| {
+            [r.limit, secs_up(r.period).max(1)]
+        });
+        let state = draft_value(reports.clone(), [b";r=", b";t="], |r| {
+            [r.remaining, secs_up(r.reset_after)]
+        });
+        if let (Some(policy), Some(state)) = (policy, state) {
+            headers.append(RATELIMIT_POLICY, policy);
+            headers.append(RATELIMIT, state);
         }
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
@@ -1004,6 +1050,13 @@ mod tests {
                 remaining: 999,
                 reset_after: Duration::from_secs(3599),
             },
+            Report {
+                name: "naïve\\",
+                limit: u64::MAX,
+                period: Duration::ZERO,
+                remaining: 5,
+                reset_after: Duration::ZERO,
+            },
         ];
         let mut headers = HeaderMap::new();
         append_rate_limit_headers(HeaderStyle::Both, &reports, &mut headers);
@@ -1015,9 +1068,12 @@ mod tests {
         let mut expected = [
             (
                 "ratelimit-policy",
-                r#""burst";q=10;w=2, "say \"hi\"";q=1000;w=3600"#,
+                r#""burst";q=10;w=2, "say \"hi\"";q=1000;w=3600, "na?ve\\";q=18446744073709551615;w=1"#,
             ),
-            ("ratelimit", r#""burst";r=3;t=1, "say \"hi\"";r=999;t=3599"#),
+            (
+                "ratelimit",
+                r#""burst";r=3;t=1, "say \"hi\"";r=999;t=3599, "na?ve\\";r=5;t=0"#,
+            ),
             ("x-ratelimit-limit", "10"),
             ("x-ratelimit-remaining", "3"),
             ("x-ratelimit-reset", "1"),

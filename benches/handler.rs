@@ -1,0 +1,60 @@
+//! What `#[rate_limit]` adds to an actix-web handler per request, in
+//! process: the same handler with and without the attribute, each request
+//! through the app's whole service stack (routing, extractors, the response
+//! with its headers), no network. Over TCP a request also costs the server
+//! its socket work (several µs), which this leaves out on purpose: the
+//! difference between the two is the attribute's own cost.
+//!
+//! `cargo bench --bench handler`
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use actix_web::{App, Responder, get, test};
+use criterion::{Criterion, criterion_group, criterion_main};
+use ratelimit_runtime::rate_limit;
+
+/// As in `examples/actix_server.rs`: a limit it never reaches, the default
+/// rate-limit headers on every response.
+#[rate_limit(key = "bench", period = 1, count = 1_000_000_000)]
+#[get("/bench/limited")]
+async fn limited() -> impl Responder {
+    "ok\n"
+}
+
+#[get("/bench/plain")]
+async fn plain() -> impl Responder {
+    "ok\n"
+}
+
+fn handler(c: &mut Criterion) {
+    let system = actix_web::rt::System::new();
+    let app = system.block_on(test::init_service(
+        App::new().service(limited).service(plain),
+    ));
+    let mut group = c.benchmark_group("handler");
+    for (name, path) in [("plain", "/bench/plain"), ("limited", "/bench/limited")] {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                system.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let request = test::TestRequest::get().uri(path).to_request();
+                        let response = test::call_service(&app, request).await;
+                        assert!(response.status().is_success());
+                        black_box(response);
+                    }
+                    start.elapsed()
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
+    targets = handler
+}
+criterion_main!(benches);
