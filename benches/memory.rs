@@ -62,12 +62,12 @@ fn rule(algorithm: Algorithm, many_keys: bool) -> Rule {
     }
 }
 
-/// The positions `0..KEYS` in one fixed random order (Fisher-Yates over a
+/// The positions `0..n` in one fixed random order (Fisher-Yates over a
 /// xorshift sequence), the same for every run.
-fn shuffled() -> Vec<usize> {
-    let mut order: Vec<usize> = (0..KEYS).collect();
+fn shuffled(n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    for i in (1..KEYS).rev() {
+    for i in (1..n).rev() {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
@@ -109,7 +109,7 @@ fn spread(iters: u64, threads: usize, step: impl Fn(usize, u64) + Sync) -> Durat
 
 fn benches(c: &mut Criterion) {
     let keys = Arc::new(keys());
-    let order = shuffled();
+    let order = shuffled(KEYS);
     let mut group = c.benchmark_group("memory");
     for algorithm in Algorithm::ALL {
         let limiter = RateLimiter::in_memory();
@@ -184,16 +184,9 @@ fn latency(c: &mut Criterion) {
     let mut group = c.benchmark_group("dependent_read");
     for mib in [2usize, 4, 8, 16] {
         let lines = mib * (1 << 20) / 64;
-        // One random cycle through every line (Sattolo's shuffle), each
-        // line holding the index of the next one.
-        let mut order: Vec<usize> = (0..lines).collect();
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        for i in (1..lines).rev() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            order.swap(i, (x % i as u64) as usize);
-        }
+        // One cycle through every line in a random order, each line
+        // holding the index of the next one.
+        let order = shuffled(lines);
         let mut next = vec![[0u64; 8]; lines];
         for i in 0..lines {
             next[order[i]][0] = order[(i + 1) % lines] as u64;
