@@ -364,4 +364,10 @@ async fn headers_state_the_overridden_rule() {
         "the policy is the rule in force"
     );
     overrides::clear("ops-override-headers");
+    let reply = get().await.unwrap();
+    assert_eq!(
+        reply.header("ratelimit-policy"),
+        Some("\"ops-override-headers\";q=5;w=60"),
+        "back to the rule as written"
+    );
 }

@@ -20,7 +20,7 @@ use std::future::{Future, Ready, ready};
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use actix_web::body::{BoxBody, EitherBody};
@@ -304,6 +304,8 @@ pub struct Report {
     period: Duration,
     remaining: u64,
     reset_after: Duration,
+    /// Its `RateLimit-Policy` item, when its call site keeps one rendered.
+    policy: Option<&'static HeaderValue>,
 }
 
 impl Report {
@@ -315,7 +317,33 @@ impl Report {
             period: rule.period(),
             remaining: decision.remaining,
             reset_after: decision.reset_after,
+            policy: None,
         }
+    }
+
+    /// The same, with the `RateLimit-Policy` item that `policy` keeps
+    /// rendered for a call site (rendered at the first report; used while the
+    /// limit and period stay those, as they do unless an override changes
+    /// them).
+    pub(crate) fn with_policy(mut self, policy: &'static OnceLock<Policy>) -> Report {
+        let window = secs_up(self.period).max(1);
+        let policy = policy.get_or_init(|| Policy {
+            limit: self.limit,
+            window,
+            value: {
+                let bytes = draft_bytes(std::iter::once(&self), [b";q=", b";w="], |r| {
+                    [r.limit, window]
+                });
+                // Kept for the process's life (one per call site), so every
+                // response takes it without copying or counting references.
+                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                HeaderValue::from_maybe_shared(Bytes::from_static(bytes)).ok()
+            },
+        });
+        if (policy.limit, policy.window) == (self.limit, window) {
+            self.policy = policy.value.as_ref();
+        }
+        self
     }
 
     fn from_refusal(limited: &RateLimited) -> Report {
@@ -325,8 +353,17 @@ impl Report {
             period: limited.period,
             remaining: limited.remaining,
             reset_after: limited.reset_after,
+            policy: None,
         }
     }
+}
+
+/// A call site's `RateLimit-Policy` item, rendered once.
+#[derive(Debug)]
+pub(crate) struct Policy {
+    limit: u64,
+    window: u64,
+    value: Option<HeaderValue>,
 }
 
 fn secs_up(d: Duration) -> u64 {
@@ -378,9 +415,21 @@ fn decimal_len(n: u64) -> usize {
 /// which the header value then owns (one allocation, no copy).
 fn draft_value<'a>(
     reports: impl Iterator<Item = &'a Report> + Clone,
-    [first, second]: [&[u8]; 2],
+    params: [&[u8]; 2],
     numbers: impl Fn(&Report) -> [u64; 2],
 ) -> Option<HeaderValue> {
+    let value = draft_bytes(reports, params, numbers);
+    // Full, so the bytes become the value's without another allocation.
+    debug_assert_eq!(value.len(), value.capacity());
+    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
+}
+
+/// [`draft_value`]'s bytes.
+fn draft_bytes<'a>(
+    reports: impl Iterator<Item = &'a Report> + Clone,
+    [first, second]: [&[u8]; 2],
+    numbers: impl Fn(&Report) -> [u64; 2],
+) -> Vec<u8> {
     let mut len = 0;
     for (i, report) in reports.clone().enumerate() {
         let [a, b] = numbers(report);
@@ -404,9 +453,7 @@ fn draft_value<'a>(
         value.extend_from_slice(second);
         value.extend_from_slice(digits.format(b).as_bytes());
     }
-    // Full, so the bytes become the value's without another allocation.
-    debug_assert_eq!(value.len(), value.capacity());
-    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
+    value
 }
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -430,9 +477,19 @@ pub(crate) fn append_rate_limit_headers<'a, I>(
         return;
     }
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
-        let policy = draft_value(reports.clone(), [b";q=", b";w="], |r| {
-            [r.limit, secs_up(r.period).max(1)]
-        });
+        // One rule whose call site keeps its policy rendered (the usual
+        // case): that; else written here.
+        let mut rest = reports.clone();
+        let kept = rest
+            .next()
+            .and_then(|r| r.policy)
+            .filter(|_| rest.next().is_none());
+        let policy = match kept {
+            Some(kept) => Some(kept.clone()),
+            None => draft_value(reports.clone(), [b";q=", b";w="], |r| {
+                [r.limit, secs_up(r.period).max(1)]
+            }),
+        };
         let state = draft_value(reports.clone(), [b";r=", b";t="], |r| {
             [r.remaining, secs_up(r.reset_after)]
         });
@@ -1034,6 +1091,49 @@ mod tests {
     }
 
     #[test]
+    fn a_call_site_renders_its_policy_once_and_only_for_its_rule() {
+        static POLICY: OnceLock<Policy> = OnceLock::new();
+        let decision = |limit| Decision {
+            allowed: true,
+            limit,
+            remaining: 1,
+            reset_after: Duration::from_secs(1),
+            retry_after: Duration::ZERO,
+        };
+        let rule = Rule::fixed_window(10, Duration::from_millis(1500));
+        let render = |report: Report| {
+            let mut headers = HeaderMap::new();
+            append_rate_limit_headers(HeaderStyle::Draft, [&report], &mut headers);
+            headers
+                .get("ratelimit-policy")
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_owned()
+        };
+        let first = Report::new("site", &rule, &decision(10)).with_policy(&POLICY);
+        let kept = first.policy.expect("rendered at the first report");
+        assert_eq!(kept, "\"site\";q=10;w=2");
+        assert_eq!(render(first), "\"site\";q=10;w=2");
+        let again = Report::new("site", &rule, &decision(10)).with_policy(&POLICY);
+        assert!(std::ptr::eq(again.policy.unwrap(), kept), "rendered once");
+        // Another limit (an override): written for that response, not kept.
+        let overridden = Report::new("site", &rule, &decision(7)).with_policy(&POLICY);
+        assert!(overridden.policy.is_none());
+        assert_eq!(render(overridden), "\"site\";q=7;w=2");
+        let longer = Rule::fixed_window(10, Duration::from_secs(60));
+        let other = Report::new("site", &longer, &decision(10)).with_policy(&POLICY);
+        assert_eq!(render(other), "\"site\";q=10;w=60");
+        // With more than one rule the field lists them all.
+        let mut headers = HeaderMap::new();
+        append_rate_limit_headers(HeaderStyle::Draft, [&again, &other], &mut headers);
+        assert_eq!(
+            headers.get("ratelimit-policy").unwrap(),
+            "\"site\";q=10;w=2, \"site\";q=10;w=60"
+        );
+    }
+
+    #[test]
     fn draft_headers_are_structured_field_lists() {
         let reports = [
             Report {
@@ -1042,6 +1142,7 @@ mod tests {
                 period: Duration::from_millis(1500),
                 remaining: 3,
                 reset_after: Duration::from_millis(200),
+                policy: None,
             },
             Report {
                 name: "say \"hi\"",
@@ -1049,6 +1150,7 @@ mod tests {
                 period: Duration::from_secs(3600),
                 remaining: 999,
                 reset_after: Duration::from_secs(3599),
+                policy: None,
             },
             Report {
                 name: "naïve\\",
@@ -1056,6 +1158,7 @@ mod tests {
                 period: Duration::ZERO,
                 remaining: 5,
                 reset_after: Duration::ZERO,
+                policy: None,
             },
         ];
         let mut headers = HeaderMap::new();

@@ -127,6 +127,9 @@ pub mod __private {
         named: OnceLock<RateLimiter>,
         #[cfg(feature = "metrics")]
         counters: OnceLock<[::metrics::Counter; 5]>,
+        /// Its `RateLimit-Policy` item, rendered at the first response.
+        #[cfg(feature = "actix")]
+        policy: OnceLock<crate::actix::Policy>,
     }
 
     impl Site {
@@ -149,6 +152,8 @@ pub mod __private {
                 named: OnceLock::new(),
                 #[cfg(feature = "metrics")]
                 counters: OnceLock::new(),
+                #[cfg(feature = "actix")]
+                policy: OnceLock::new(),
             }
         }
 
@@ -465,7 +470,7 @@ pub mod __private {
         pub fn report(site: &'static Site, permit: &Permit) -> Option<Report> {
             let rule = crate::overrides::effective(site.name, &site.rule, false)
                 .map_or(site.rule, |(rule, _)| rule);
-            Some(Report::new(site.name, &rule, permit.decision()))
+            Some(Report::new(site.name, &rule, permit.decision()).with_policy(&site.policy))
         }
 
         /// An actix handler returning `HttpResponse` answers 429 (or 503).
