@@ -371,7 +371,7 @@ fn secs_up(d: Duration) -> u64 {
 }
 
 /// Whether a name is its own Structured Field string between quotes (nearly
-/// always: printable ASCII without `"` or `\\`).
+/// always: printable ASCII without `"` or `\`).
 fn plain(name: &str) -> bool {
     name.bytes()
         .all(|b| matches!(b, b' '..=b'~') && b != b'"' && b != b'\\')
