@@ -86,6 +86,29 @@ enum Store {
     Custom(Box<dyn DynBackend>),
 }
 
+impl Store {
+    /// Gives a lease back, where it was taken.
+    async fn release(&self, lease: &Lease) -> Result<(), Error> {
+        match self {
+            Store::Memory(memory) => memory.release_now(&lease.key, lease.id),
+            #[cfg(feature = "redis")]
+            Store::Redis { insurance, .. } if lease.held_by_insurance => {
+                insurance.release_now(&lease.key, lease.id)
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis { redis, .. } => {
+                Backend::release(redis, &lease.rule, &lease.key, lease.cost, lease.id).await?
+            }
+            Store::Custom(backend) => {
+                backend
+                    .release(&lease.rule, &lease.key, lease.cost, lease.id)
+                    .await?
+            }
+        }
+        Ok(())
+    }
+}
+
 impl RateLimiter {
     /// Starts building a limiter; see [`RateLimiterBuilder`].
     pub fn builder() -> RateLimiterBuilder {
@@ -313,7 +336,7 @@ impl RateLimiter {
     ) -> Permit {
         let lease = (rule.algorithm() == Algorithm::Concurrency && decision.allowed).then(|| {
             Box::new(Lease {
-                limiter: self.clone(),
+                store: Arc::clone(&self.inner),
                 rule: *rule,
                 key: key.into(),
                 cost,
@@ -397,27 +420,6 @@ impl RateLimiter {
         };
         Ok(self.permit(rule, key, cost, id, decision, held_by_insurance))
     }
-
-    /// Gives a lease back, where it was taken.
-    async fn release(&self, lease: &Lease) -> Result<(), Error> {
-        match &*self.inner {
-            Store::Memory(memory) => memory.release_now(&lease.key, lease.id),
-            #[cfg(feature = "redis")]
-            Store::Redis { insurance, .. } if lease.held_by_insurance => {
-                insurance.release_now(&lease.key, lease.id)
-            }
-            #[cfg(feature = "redis")]
-            Store::Redis { redis, .. } => {
-                Backend::release(redis, &lease.rule, &lease.key, lease.cost, lease.id).await?
-            }
-            Store::Custom(backend) => {
-                backend
-                    .release(&lease.rule, &lease.key, lease.cost, lease.id)
-                    .await?
-            }
-        }
-        Ok(())
-    }
 }
 
 fn validate_cost(rule: &Rule, cost: u64) -> Result<(), Error> {
@@ -432,12 +434,32 @@ fn validate_cost(rule: &Rule, cost: u64) -> Result<(), Error> {
 
 /// A lease id no other lease of this process, or (with 64 random bits)
 /// of any other process, uses.
+///
+/// Each thread counts through its own block of numbers, taken from the
+/// shared counter once per [`LEASE_BLOCK`] leases: a shared counter bumped
+/// per lease is a write to one cache line from every thread, which with two
+/// threads taking leases cost more than the rest of the lease.
 fn next_lease_id() -> u64 {
     static SEED: OnceCell<RandomState> = OnceCell::new();
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    SEED.get_or_init(RandomState::new)
-        .hash_one(NEXT.fetch_add(1, AtomicOrdering::Relaxed))
+    static BLOCKS: AtomicU64 = AtomicU64::new(0);
+    thread_local! {
+        /// The thread's next number and the end of its block.
+        static NEXT: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+    }
+    let n = NEXT.with(|next| {
+        let (mut n, mut end) = next.get();
+        if n == end {
+            n = BLOCKS.fetch_add(LEASE_BLOCK, AtomicOrdering::Relaxed);
+            end = n + LEASE_BLOCK;
+        }
+        next.set((n + 1, end));
+        n
+    });
+    SEED.get_or_init(RandomState::new).hash_one(n)
 }
+
+/// How many lease numbers a thread takes at once (see [`next_lease_id`]).
+const LEASE_BLOCK: u64 = 1 << 16;
 
 /// The future of [`RateLimiter::acquire_with`]: ready, or a backend's call.
 pub(crate) type Acquiring<'a> = crate::__private::ReadyOr<'a, Result<Permit, Error>>;
@@ -510,7 +532,7 @@ impl Permit {
         match self.lease.take() {
             Some(mut lease) => {
                 lease.released = true;
-                lease.limiter.release(&lease).await
+                lease.store.release(&lease).await
             }
             None => Ok(()),
         }
@@ -519,7 +541,10 @@ impl Permit {
 
 #[derive(Debug)]
 struct Lease {
-    limiter: RateLimiter,
+    /// The store alone (not the limiter, whose clone counts two references):
+    /// taking and dropping a reference is a write to a line every thread
+    /// shares.
+    store: Arc<Store>,
     rule: Rule,
     key: Box<str>,
     cost: u64,
@@ -535,12 +560,12 @@ impl Drop for Lease {
             return;
         }
         self.released = true;
-        if let Store::Memory(memory) = &*self.limiter.inner {
+        if let Store::Memory(memory) = &*self.store {
             memory.release_now(&self.key, self.id);
             return;
         }
         #[cfg(feature = "redis")]
-        if let Store::Redis { insurance, .. } = &*self.limiter.inner
+        if let Store::Redis { insurance, .. } = &*self.store
             && self.held_by_insurance
         {
             insurance.release_now(&self.key, self.id);
@@ -549,13 +574,13 @@ impl Drop for Lease {
         #[cfg(feature = "redis")]
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let lease = Lease {
-                limiter: self.limiter.clone(),
+                store: Arc::clone(&self.store),
                 key: std::mem::take(&mut self.key),
                 released: true,
                 ..*self
             };
             runtime.spawn(async move {
-                if let Err(error) = lease.limiter.release(&lease).await {
+                if let Err(error) = lease.store.release(&lease).await {
                     tracing::debug!(%error, "could not release a concurrency lease; it will expire");
                 }
             });
@@ -838,5 +863,28 @@ impl<B: Backend> DynBackend for B {
         lease: u64,
     ) -> ReleaseFuture<'a> {
         Box::pin(Backend::release(self, rule, key, cost, lease))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Threads count through blocks of their own; no two leases share an id,
+    /// across threads and across a thread's blocks.
+    #[test]
+    fn lease_ids_are_unique_across_threads_and_blocks() {
+        let per_thread = LEASE_BLOCK as usize + 1_000;
+        let ids: Vec<u64> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..3)
+                .map(|_| s.spawn(|| (0..per_thread).map(|_| next_lease_id()).collect::<Vec<_>>()))
+                .collect();
+            threads
+                .into_iter()
+                .flat_map(|t| t.join().unwrap())
+                .collect()
+        });
+        let distinct: std::collections::HashSet<u64> = ids.iter().copied().collect();
+        assert_eq!(distinct.len(), 3 * per_thread);
     }
 }
