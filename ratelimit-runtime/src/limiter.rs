@@ -87,25 +87,39 @@ enum Store {
 }
 
 impl Store {
-    /// Gives a lease back, where it was taken.
-    async fn release(&self, lease: &Lease) -> Result<(), Error> {
+    /// Gives a lease back at once when it was taken in process memory (the
+    /// memory store, or the insurance limiter while Redis failed); `false`
+    /// when the backend holds it.
+    fn release_in_process(&self, lease: &Lease) -> bool {
         match self {
             Store::Memory(memory) => memory.release_now(&lease.key, lease.id),
             #[cfg(feature = "redis")]
             Store::Redis { insurance, .. } if lease.held_by_insurance => {
                 insurance.release_now(&lease.key, lease.id)
             }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Gives a lease back, where it was taken.
+    async fn release(&self, lease: &Lease) -> Result<(), Error> {
+        if self.release_in_process(lease) {
+            return Ok(());
+        }
+        match self {
             #[cfg(feature = "redis")]
             Store::Redis { redis, .. } => {
-                Backend::release(redis, &lease.rule, &lease.key, lease.cost, lease.id).await?
+                Backend::release(redis, &lease.rule, &lease.key, lease.cost, lease.id).await
             }
             Store::Custom(backend) => {
                 backend
                     .release(&lease.rule, &lease.key, lease.cost, lease.id)
-                    .await?
+                    .await
             }
+            // Released in process above.
+            Store::Memory(_) => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -560,19 +574,12 @@ impl Drop for Lease {
             return;
         }
         self.released = true;
-        if let Store::Memory(memory) = &*self.store {
-            memory.release_now(&self.key, self.id);
-            return;
-        }
+        // Held by the backend: released from a task (without a runtime, it
+        // expires after the rule's period).
         #[cfg(feature = "redis")]
-        if let Store::Redis { insurance, .. } = &*self.store
-            && self.held_by_insurance
+        if !self.store.release_in_process(self)
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            insurance.release_now(&self.key, self.id);
-            return;
-        }
-        #[cfg(feature = "redis")]
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let lease = Lease {
                 store: Arc::clone(&self.store),
                 key: std::mem::take(&mut self.key),
@@ -585,6 +592,8 @@ impl Drop for Lease {
                 }
             });
         }
+        #[cfg(not(feature = "redis"))]
+        self.store.release_in_process(self);
     }
 }
 
