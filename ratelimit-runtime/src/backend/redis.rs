@@ -344,12 +344,12 @@ async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
     if jobs.is_empty() {
         return;
     }
-    // The checks that keep a string state first (their keys are read ahead),
-    // then the other checks, then the releases (see batch.lua); the order
-    // within each does not matter.
+    // The checks that keep a string state first (each key's first one read
+    // ahead), then the other checks, then the releases (see batch.lua).
     jobs.sort_unstable_by_key(Job::place);
     let checks = jobs.partition_point(|job| job.place() < 2);
-    let read_ahead = jobs.partition_point(|job| job.place() < 1);
+    let strings = jobs.partition_point(|job| job.place() < 1);
+    let read_ahead = firsts_first(&mut jobs[..strings]);
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(scripts.batch.get_hash()).arg(jobs.len());
     for job in &jobs {
@@ -440,6 +440,29 @@ async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
             }
         }
     }
+}
+
+/// Puts the first check of each key first, and a key's later checks (a hot
+/// key checked again in the same batch) after all of those: the script reads
+/// the first ones' states ahead, in one `MGET` of distinct keys, and each
+/// later one its own, after its key's first check has written it. Answers
+/// how many come first. Checks that wait at the same moment have no order
+/// among them, so any order of a key's checks is right.
+fn firsts_first(jobs: &mut [Job]) -> usize {
+    if jobs.len() < 2 {
+        return jobs.len();
+    }
+    jobs.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    // Each key's first, in order, to the front (what `Vec::dedup` keeps);
+    // the repeats end up behind them.
+    let mut firsts = 1;
+    for i in 1..jobs.len() {
+        if jobs[i].key != jobs[firsts - 1].key {
+            jobs.swap(firsts, i);
+            firsts += 1;
+        }
+    }
+    firsts
 }
 
 /// One batch's failure, given to each of its checks.

@@ -14,8 +14,10 @@
 -- ARGV[3]  the costs, one big-endian double per check, then per release
 --          (empty: every cost is 1)
 -- ARGV[4]  how many checks, first in KEYS, keep their state in a string
---          (fixed window, sliding window, token bucket, GCRA): their keys are
---          read at once, in one MGET (see `ahead` in prelude.lua)
+--          (fixed window, sliding window, token bucket, GCRA) and are the
+--          first of their key in the batch: their keys, all different, are
+--          read at once, in one MGET (see `pending` in prelude.lua). A
+--          string state's later checks of the same key come after them.
 -- ARGV[5..] the lease ids (decimal text: 64 bits do not fit a double): one
 --          per check whose rule says so, in order, then one per release
 -- Returns  4 big-endian doubles per check, packed in one string (the
@@ -28,13 +30,13 @@
 -- Gives back the units of a concurrency lease (the limiter's release).
 local function release(key, cost, lease)
     if cost == 1 then
-        redis.call('ZREM', key, lease)
+        redis_call('ZREM', key, lease)
     else
         local members = {}
         for unit = 0, cost - 1 do
             members[#members + 1] = lease .. ':' .. text(unit)
             if #members == 4000 or unit == cost - 1 then
-                redis.call('ZREM', key, unpack(members))
+                redis_call('ZREM', key, unpack(members))
                 members = {}
             end
         end
@@ -46,11 +48,11 @@ local packed, order, costs = ARGV[1], ARGV[2], ARGV[3]
 local checks, time = #order, nil
 local rules = {}
 for r = 1, #packed / 48 do
-    local what, count, burst, period, now, leased = struct.unpack('>dddddd', packed, 48 * r - 47)
+    local what, count, burst, period, now, leased = struct_unpack('>dddddd', packed, 48 * r - 47)
     local slack = 3600000
     if now < 0 then
         if not time then
-            local t = redis.call('TIME')
+            local t = redis_call('TIME')
             time = tonumber(t[1]) * 1000000 + tonumber(t[2])
         end
         now, slack = time, 0
@@ -58,38 +60,33 @@ for r = 1, #packed / 48 do
     rules[r] = {run[what], now, slack, count, burst, period, leased == 1}
 end
 
--- The string states, read ahead: each key once.
-local names, n = {}, 0
-for i = 1, tonumber(ARGV[4]) do
-    local key = KEYS[i]
-    if ahead[key] == nil then
-        ahead[key] = false
-        n = n + 1
-        names[n] = key
-    end
-end
-if n > 0 then
-    local values = redis.call('MGET', unpack(names))
-    for j = 1, n do ahead[names[j]] = values[j] end
-end
+-- The string states read ahead, in one MGET: the first checks, each of its
+-- own key (the client puts a key's later checks after them).
+local values, reads = {}, tonumber(ARGV[4])
+if reads > 0 then values = redis_call('MGET', unpack(KEYS, 1, reads)) end
 
+-- Most batches hold checks of one rule: then no check looks its rule up.
+local only, costed = #rules == 1 and rules[1], #costs > 0
 local out, lease, cost = {}, 4, 1
 for i = 1, checks do
-    local rule, key, id = rules[string.byte(order, i)], KEYS[i], nil
-    if #costs > 0 then cost = struct.unpack('>d', costs, 8 * i - 7) end
+    local rule, key, id = only or rules[string_byte(order, i)], KEYS[i], nil
+    if costed then cost = struct_unpack('>d', costs, 8 * i - 7) end
     if rule[7] then
         lease = lease + 1
         id = ARGV[lease]
     end
-    out[i] = struct.pack('>dddd', rule[1](key, rule[2], rule[3], rule[4], rule[5], rule[6],
-        cost, id))
-    -- What was read ahead is stale once the key's first check ran.
-    ahead[key] = nil
+    pending = values[i]
+    local n = 4 * i
+    out[n - 3], out[n - 2], out[n - 1], out[n] =
+        rule[1](key, rule[2], rule[3], rule[4], rule[5], rule[6], cost, id)
 end
 -- A release needs no time, and its caller no answer.
 for i = checks + 1, #KEYS do
-    if #costs > 0 then cost = struct.unpack('>d', costs, 8 * i - 7) end
+    if costed then cost = struct_unpack('>d', costs, 8 * i - 7) end
     lease = lease + 1
     release(KEYS[i], cost, ARGV[lease])
 end
-return table.concat(out)
+-- The answers packed in one call (a call of the struct library costs about
+-- as much for one number as for many).
+if checks == 0 then return '' end
+return struct_pack('>' .. string.rep('d', 4 * checks), unpack(out))

@@ -21,10 +21,10 @@
 -- leases (all scored above `now`, or in (0, now]) ever sees it.
 local function concurrency(key, now, slack, count, burst, period, cost, lease)
     local live = above(now)
-    local held = redis.pcall('ZCOUNT', key, live, '+inf')
+    local held = redis_pcall('ZCOUNT', key, live, '+inf')
     if type(held) == 'table' then
         -- Another algorithm's state: a fresh start, as the memory backend makes.
-        redis.call('DEL', key)
+        redis_call('DEL', key)
         held = 0
     end
     local allowed = 0
@@ -33,21 +33,21 @@ local function concurrency(key, now, slack, count, burst, period, cost, lease)
         local epoch = idiv(now, period)
         local changed
         if cost == 1 then
-            changed = redis.call('ZADD', key, 'LT', 'CH', text(now + period), lease,
+            changed = redis_call('ZADD', key, 'LT', 'CH', text(now + period), lease,
                 text(-epoch), 'epoch')
         else
             add_units(key, cost, now + period, lease, 0)
-            changed = 1 + redis.call('ZADD', key, 'LT', 'CH', text(-epoch), 'epoch')
+            changed = 1 + redis_call('ZADD', key, 'LT', 'CH', text(-epoch), 'epoch')
         end
         if changed > 1 then
             -- The first acquire of this period (or of the key).
             local ends = (epoch + 2) * period
-            redis.call('PEXPIRE', key, text(math.ceil((ends - now) / 1000) + slack))
+            redis_call('PEXPIRE', key, text(math.ceil((ends - now) / 1000) + slack))
         end
         held = held + cost
     end
-    if allowed == 0 or string.byte(lease, -1) == 48 then
-        redis.call('ZREMRANGEBYSCORE', key, '(0', text(now))
+    if allowed == 0 or string_byte(lease, -1) == 48 then
+        redis_call('ZREMRANGEBYSCORE', key, '(0', text(now))
     end
 
     local remaining = math.max(count - held, 0)
@@ -61,7 +61,7 @@ local function concurrency(key, now, slack, count, burst, period, cost, lease)
     if remaining < cost then
         -- The live lease holding unit number `held + cost - count` (1-based)
         -- must go first.
-        retry = tonumber(redis.call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES',
+        retry = tonumber(redis_call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES',
             'LIMIT', text(held + cost - count - 1), '1')[2]) - now
     end
     return allowed, remaining, reset, retry

@@ -5,7 +5,7 @@
 --
 -- key  the counter: "F" .. (used, ends) packed (ends in µs of the server clock)
 local function fixed_window(key, now, slack, count, burst, period, cost)
-    local used, ends = load(key, 'F', 2)
+    local used, ends = load(key, 70, 2) -- 70: "F"
     if not used or now >= ends then used, ends = 0, now + period end
 
     local reset = ends - now
@@ -15,11 +15,11 @@ local function fixed_window(key, now, slack, count, burst, period, cost)
     if used == 0 then
         -- A new window: the key lives exactly as long as it (+ slack when
         -- the caller fixes the time).
-        redis.call('SET', key, 'F' .. struct.pack('>dd', cost, ends),
+        redis_call('SET', key, 'F' .. struct_pack('>dd', cost, ends),
             'PX', text(math.ceil(reset / 1000) + slack))
     else
         -- The same window: only the count changes, in place (the TTL stays).
-        redis.call('SETRANGE', key, '1', struct.pack('>d', used + cost))
+        redis_call('SETRANGE', key, '1', struct_pack('>d', used + cost))
     end
     used = used + cost
     local remaining = count - used

@@ -10,7 +10,7 @@ local function gcra(key, now, slack, count, burst, period, cost)
     local tolerance = burst * period
     -- How far the TAT is ahead of now, in 1/count µs.
     local ahead = 0
-    local tat, rem = load(key, 'G', 2)
+    local tat, rem = load(key, 71, 2) -- 71: "G"
     if tat and tat >= now then ahead = (tat - now) * count + rem end
 
     local step = cost * period
@@ -20,7 +20,7 @@ local function gcra(key, now, slack, count, burst, period, cost)
         ahead = ahead + step
         local whole = idiv(ahead, count)
         -- Once the TAT has passed the key is the same as no key: expire then.
-        redis.call('SET', key, 'G' .. struct.pack('>dd', now + whole, ahead - whole * count),
+        redis_call('SET', key, 'G' .. struct_pack('>dd', now + whole, ahead - whole * count),
             'PX', text(math.ceil(ceil_div(ahead, count) / 1000) + slack))
     end
 

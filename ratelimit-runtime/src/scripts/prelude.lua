@@ -10,6 +10,11 @@
 -- A script is this prelude, the algorithms it needs and a driver: single.lua
 -- (one check, the rule's own script) or batch.lua (many checks at once).
 
+-- The library functions the scripts call per check, as locals: a global's
+-- is two table lookups at every call, a local's none.
+local redis_call, redis_pcall = redis.call, redis.pcall
+local struct_pack, struct_unpack, string_byte = struct.pack, struct.unpack, string.byte
+
 -- Numbers go to redis.call as text made here. Given a Lua number, Redis
 -- formats it with "%.17g", a floating-point conversion that costs the server
 -- about as much as a fast command; an integer prints exactly with %d. The
@@ -47,30 +52,38 @@ local function ceil_div(a, b) return idiv(a + b - 1, b) end
 -- 2^53, so exact): `tag .. struct.pack(...)`. Packing is several times
 -- cheaper for the server than formatting and parsing decimal text.
 --
--- The numbers of the state tagged `tag` holding `n` numbers, or nil when the
--- key holds nothing, another algorithm's state, or another type (treated as
--- absent, as the memory backend does; the script's SET replaces it).
+-- The numbers of the state tagged `tag` (the tag's byte, e.g. 70 for "F")
+-- holding `n` numbers, or nil when the key holds nothing, another
+-- algorithm's state, or another type (treated as absent, as the memory
+-- backend does; the script's SET replaces it).
 --
--- A batch reads its string states ahead, in one MGET (see batch.lua):
--- `ahead[key]` is the value read (false: none, or not a string) until the
--- key's first check in the batch has run; then nil again, and a later check
--- of the same key reads it anew.
-local ahead = {}
+-- A batch reads most of its string states ahead, in one MGET (see
+-- batch.lua): `pending` is the value read for the check about to run (false:
+-- none, or not a string), or nil when it was not read ahead (a later check
+-- of a key already checked in the batch): then it is read here. A GET of
+-- another type answers an error table, and MGET false: neither is a string
+-- of the state's length.
+local pending
 local function load(key, tag, n)
-    local stored = ahead[key]
-    if stored == nil then stored = redis.pcall('GET', key) end
-    if type(stored) ~= 'string' or #stored ~= 1 + 8 * n or string.sub(stored, 1, 1) ~= tag then
+    local stored = pending
+    if stored == nil then stored = redis_pcall('GET', key) end
+    pending = nil
+    if not stored or #stored ~= 1 + 8 * n then return nil end
+    if n == 2 then
+        local t, a, b = struct_unpack('>Bdd', stored)
+        if t == tag then return a, b end
         return nil
     end
-    if n == 2 then return struct.unpack('>dd', stored, 2) end
-    return struct.unpack('>ddd', stored, 2)
+    local t, a, b, c = struct_unpack('>Bddd', stored)
+    if t == tag then return a, b, c end
+    return nil
 end
 
 -- Adds `cost` members "prefix:first" .. "prefix:first+cost-1" scored `score`
 -- to the sorted set (in batches: unpack() has a stack limit).
 local function add_units(key, cost, score, prefix, first)
     if cost == 1 then
-        redis.call('ZADD', key, text(score), prefix .. ':' .. text(first))
+        redis_call('ZADD', key, text(score), prefix .. ':' .. text(first))
         return
     end
     local args = {}
@@ -79,7 +92,7 @@ local function add_units(key, cost, score, prefix, first)
         args[#args + 1] = score
         args[#args + 1] = string.format('%s:%d', prefix, first + i)
         if #args == 2000 or i == cost - 1 then
-            redis.call('ZADD', key, unpack(args))
+            redis_call('ZADD', key, unpack(args))
             args = {}
         end
     end
@@ -89,13 +102,13 @@ end
 -- are left. A key of another type (another algorithm's state) is deleted
 -- first: a fresh start, as the memory backend makes.
 local function trim_and_count(key, upto)
-    if type(redis.pcall('ZREMRANGEBYSCORE', key, '-inf', text(upto))) == 'table' then
-        redis.call('DEL', key)
+    if type(redis_pcall('ZREMRANGEBYSCORE', key, '-inf', text(upto))) == 'table' then
+        redis_call('DEL', key)
     end
-    return redis.call('ZCARD', key)
+    return redis_call('ZCARD', key)
 end
 
 -- The score of the sorted set's member at rank `index` (-1: the last).
 local function score_at(key, index)
-    return tonumber(redis.call('ZRANGE', key, text(index), text(index), 'WITHSCORES')[2])
+    return tonumber(redis_call('ZRANGE', key, text(index), text(index), 'WITHSCORES')[2])
 end

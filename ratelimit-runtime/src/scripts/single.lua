@@ -7,7 +7,7 @@
 -- Returns  {allowed (1|0), remaining, reset_after (µs), retry_after (µs)}
 local now, slack = tonumber(ARGV[5]), 3600000
 if not now then
-    local t = redis.call('TIME')
+    local t = redis_call('TIME')
     now, slack = tonumber(t[1]) * 1000000 + tonumber(t[2]), 0
 end
 return {check(KEYS[1], now, slack, tonumber(ARGV[1]), tonumber(ARGV[2]),

@@ -13,9 +13,9 @@ local function sliding_log(key, now, slack, count, burst, period, cost)
         allowed = 1
         -- Members are unique: those already scored `now` have suffixes below
         -- `held`. The time is packed (8 bytes; cheaper than decimal text).
-        add_units(key, cost, now, struct.pack('>d', now), held)
+        add_units(key, cost, now, struct_pack('>d', now), held)
         held = held + cost
-        redis.call('PEXPIRE', key, text(math.ceil(period / 1000) + slack))
+        redis_call('PEXPIRE', key, text(math.ceil(period / 1000) + slack))
     end
 
     local remaining = math.max(count - held, 0)

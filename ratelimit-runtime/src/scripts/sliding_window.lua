@@ -24,7 +24,7 @@ local function sliding_window(key, now, slack, count, burst, period, cost)
     -- math.fmod is exact here; Lua's % (a - floor(a/b)*b) can be off for 16-digit numbers.
     local start = now - math.fmod(now, period)
     local cur, prev = 0, 0
-    local s, c, p = load(key, 'W', 3)
+    local s, c, p = load(key, 87, 3) -- 87: "W"
     if s then
         if s + period == start then
             prev = c
@@ -40,7 +40,7 @@ local function sliding_window(key, now, slack, count, burst, period, cost)
         allowed = 1
         cur, used = cur + cost, used + cost
         -- Worth keeping until this window's count has faded: the end of the next one.
-        redis.call('SET', key, 'W' .. struct.pack('>ddd', start, cur, prev),
+        redis_call('SET', key, 'W' .. struct_pack('>ddd', start, cur, prev),
             'PX', text(math.ceil((2 * period - elapsed) / 1000) + slack))
     end
 

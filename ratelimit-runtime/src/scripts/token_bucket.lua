@@ -8,7 +8,7 @@
 -- key  "T" .. (tokens, last) packed (tokens in fixed point, last update in µs)
 local function token_bucket(key, now, slack, count, burst, period, cost)
     local capacity = burst * period
-    local tokens, last = load(key, 'T', 2)
+    local tokens, last = load(key, 84, 2) -- 84: "T"
     if tokens then
         -- Kept under a larger burst, before the rule was changed.
         tokens = math.min(tokens, capacity)
@@ -29,7 +29,7 @@ local function token_bucket(key, now, slack, count, burst, period, cost)
         allowed = 1
         tokens = tokens - need
         -- Once full again the bucket is the same as no key: expire then.
-        redis.call('SET', key, 'T' .. struct.pack('>dd', tokens, now),
+        redis_call('SET', key, 'T' .. struct_pack('>dd', tokens, now),
             'PX', text(math.ceil(ceil_div(capacity - tokens, count) / 1000) + slack))
     end
 
