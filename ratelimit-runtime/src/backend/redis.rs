@@ -851,3 +851,41 @@ impl fmt::Display for Stopped {
 }
 
 impl std::error::Error for Stopped {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn jobs(keys: &[&str]) -> Vec<Job> {
+        let rule = Rule::new(Algorithm::FixedWindow, 10, Duration::from_secs(1));
+        keys.iter()
+            .map(|key| Job::new(1, &rule, key, 1, None, None).0)
+            .collect()
+    }
+
+    fn keys(jobs: &[Job]) -> Vec<&str> {
+        jobs.iter().map(|job| &*job.key).collect()
+    }
+
+    #[test]
+    fn each_key_comes_first_once_and_its_later_checks_after_all_firsts() {
+        let mut batch = jobs(&["b", "a", "b", "c", "a", "b"]);
+        let firsts = firsts_first(&mut batch);
+        assert_eq!(firsts, 3);
+        assert_eq!(keys(&batch[..firsts]), ["a", "b", "c"]);
+        let mut repeats = keys(&batch[firsts..]);
+        repeats.sort_unstable();
+        assert_eq!(repeats, ["a", "b", "b"]);
+    }
+
+    #[test]
+    fn distinct_keys_are_all_read_ahead() {
+        for n in 0..4 {
+            let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+            let mut batch = jobs(&names.iter().map(String::as_str).collect::<Vec<_>>());
+            assert_eq!(firsts_first(&mut batch), n);
+        }
+        let mut same = jobs(&["k"; 5]);
+        assert_eq!(firsts_first(&mut same), 1);
+    }
+}
