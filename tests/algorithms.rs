@@ -293,6 +293,40 @@ async fn dead_leases_are_not_counted_and_are_trimmed_in_redis() {
     assert!(largest <= 10, "{largest} leases kept");
 }
 
+/// The sliding log counts only the calls within its window (`ZCOUNT`) and
+/// trims older ones from the sorted set at a refusal and at about one call
+/// in eight: what old calls leave behind stays bounded, and it never counts.
+#[tokio::test]
+async fn old_calls_are_not_counted_and_are_trimmed_in_redis() {
+    let server = RedisServer::start();
+    for (path, redis) in [
+        ("alone", redis_backend(&server).await),
+        ("batch", redis_backend(&server).await.batch_every_check()),
+    ] {
+        let key = format!("limiter:log:{path}");
+        let rule = Rule::sliding_log(20, Duration::from_millis(10));
+        let mut largest = 0;
+        for call in 1..=300u64 {
+            // 1,001 µs apart: the time's last bits take every value in turn.
+            let now = Duration::from_micros(EPOCH_US + call * 1_001);
+            let decision = redis.check_at(&rule, &key, 1, now).await.unwrap();
+            assert!(decision.allowed, "{path}, call {call}");
+            // Ten calls at most in any period: older ones are never counted.
+            assert!(
+                decision.remaining >= 10,
+                "{path}, call {call}: {decision:?}"
+            );
+            let held: usize = redis::cmd("ZCARD")
+                .arg(&key)
+                .query(&mut server.connection())
+                .unwrap();
+            largest = largest.max(held);
+        }
+        // Ten calls a period, at most eight between trims: fewer than 20 kept.
+        assert!(largest < 20, "{path}: {largest} calls kept");
+    }
+}
+
 /// The script sets a lease key's TTL only at the first acquire of each
 /// period (the key lives to the end of the next one). Leases taken every
 /// 30 ms over several 100 ms periods, none released: after each, the key

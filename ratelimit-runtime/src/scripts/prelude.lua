@@ -98,16 +98,6 @@ local function add_units(key, cost, score, prefix, first)
     end
 end
 
--- Drops the sorted set's members scored up to `upto` and answers how many
--- are left. A key of another type (another algorithm's state) is deleted
--- first: a fresh start, as the memory backend makes.
-local function trim_and_count(key, upto)
-    if type(redis_pcall('ZREMRANGEBYSCORE', key, '-inf', text(upto))) == 'table' then
-        redis_call('DEL', key)
-    end
-    return redis_call('ZCARD', key)
-end
-
 -- The score of the sorted set's member at rank `index` (-1: the last).
 local function score_at(key, index)
     return tonumber(redis_call('ZRANGE', key, text(index), text(index), 'WITHSCORES')[2])
