@@ -293,9 +293,60 @@ async fn dead_leases_are_not_counted_and_are_trimmed_in_redis() {
     assert!(largest <= 10, "{largest} leases kept");
 }
 
-/// The sliding log counts only the calls within its window (`ZCOUNT`) and
-/// trims older ones from the sorted set at a refusal and at about one call
-/// in eight: what old calls leave behind stays bounded, and it never counts.
+/// Sliding logs that outgrow their string form (16 units) move to a sorted
+/// set: through the move and after it, Redis decides as the memory backend
+/// does, alone and in batches.
+#[tokio::test]
+async fn long_sliding_logs_decide_as_memory_does() {
+    let server = RedisServer::start();
+    for (path, redis) in [
+        ("alone", redis_backend(&server).await),
+        ("batch", redis_backend(&server).await.batch_every_check()),
+    ] {
+        let rule = Rule::sliding_log(40, Duration::from_millis(50));
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_micros(EPOCH_US));
+        let memory = MemoryBackend::with_clock(clock.clone());
+        let mut now = EPOCH_US;
+        let mut random = XorShift(0x2545_F491_4F6C_DD1D);
+        let mut long_logs = 0;
+        for step in 0..600 {
+            let advance = match random.below(8) {
+                0 => 0,
+                1 => random.below(12_000),
+                2 => random.below(60_000),
+                _ => random.below(1_500),
+            };
+            clock.advance(Duration::from_micros(advance));
+            now += advance;
+            let key = format!("limiter:long:{path}:{}", random.below(2));
+            let cost = 1 + random.below(4);
+            let from_memory = memory.check_now(&rule, &key, cost);
+            let from_redis = redis
+                .check_at(&rule, &key, cost, Duration::from_micros(now))
+                .await
+                .unwrap();
+            assert_eq!(
+                from_redis, from_memory,
+                "{path}: step {step}, key {key}, cost {cost}, now {now}"
+            );
+            let kind: String = redis::cmd("TYPE")
+                .arg(&key)
+                .query(&mut server.connection())
+                .unwrap();
+            long_logs += usize::from(kind == "zset");
+        }
+        assert!(
+            long_logs > 100,
+            "{path}: only {long_logs} checks on a long log"
+        );
+    }
+}
+
+/// A sliding log longer than its string form (16 units) moves to a sorted
+/// set; there it counts only the calls within its window (`ZCOUNT`) and
+/// trims older ones at a refusal and at about one call in eight: what old
+/// calls leave behind stays bounded, and it never counts.
 #[tokio::test]
 async fn old_calls_are_not_counted_and_are_trimmed_in_redis() {
     let server = RedisServer::start();
@@ -304,26 +355,35 @@ async fn old_calls_are_not_counted_and_are_trimmed_in_redis() {
         ("batch", redis_backend(&server).await.batch_every_check()),
     ] {
         let key = format!("limiter:log:{path}");
-        let rule = Rule::sliding_log(20, Duration::from_millis(10));
+        let rule = Rule::sliding_log(40, Duration::from_millis(30));
         let mut largest = 0;
         for call in 1..=300u64 {
             // 1,001 µs apart: the time's last bits take every value in turn.
             let now = Duration::from_micros(EPOCH_US + call * 1_001);
             let decision = redis.check_at(&rule, &key, 1, now).await.unwrap();
             assert!(decision.allowed, "{path}, call {call}");
-            // Ten calls at most in any period: older ones are never counted.
+            // Thirty calls at most in any period: older ones are never counted.
             assert!(
                 decision.remaining >= 10,
                 "{path}, call {call}: {decision:?}"
             );
+            let kind: String = redis::cmd("TYPE")
+                .arg(&key)
+                .query(&mut server.connection())
+                .unwrap();
+            if call <= 16 {
+                assert_eq!(kind, "string", "{path}, call {call}: a short log");
+                continue;
+            }
+            assert_eq!(kind, "zset", "{path}, call {call}: a long log");
             let held: usize = redis::cmd("ZCARD")
                 .arg(&key)
                 .query(&mut server.connection())
                 .unwrap();
             largest = largest.max(held);
         }
-        // Ten calls a period, at most eight between trims: fewer than 20 kept.
-        assert!(largest < 20, "{path}: {largest} calls kept");
+        // Thirty calls a period, at most eight between trims: under 40 kept.
+        assert!(largest < 40, "{path}: {largest} calls kept");
     }
 }
 

@@ -253,10 +253,11 @@ struct Job {
 
 impl Job {
     /// Where the job goes in a batch: 0 a check whose state is a string (read
-    /// ahead), 1 another check (a sorted set), 2 a release.
+    /// ahead; a sliding log's is, until it outgrows one), 1 a concurrency
+    /// check (a sorted set), 2 a release.
     fn place(&self) -> u8 {
         match Algorithm::ALL.get(usize::from(self.what) - 1) {
-            Some(Algorithm::SlidingLog | Algorithm::Concurrency) => 1,
+            Some(Algorithm::Concurrency) => 1,
             Some(_) => 0,
             None => 2,
         }

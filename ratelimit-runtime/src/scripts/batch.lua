@@ -14,7 +14,8 @@
 -- ARGV[3]  the costs, one big-endian double per check, then per release
 --          (empty: every cost is 1)
 -- ARGV[4]  how many checks, first in KEYS, keep their state in a string
---          (fixed window, sliding window, token bucket, GCRA) and are the
+--          (every algorithm but concurrency; a long sliding log is a sorted
+--          set, which MGET reads as none) and are the
 --          first of their key in the batch: their keys, all different, are
 --          read at once, in one MGET (see `pending` in prelude.lua). A
 --          string state's later checks of the same key come after them.
