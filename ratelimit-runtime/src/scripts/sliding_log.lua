@@ -69,6 +69,8 @@ local function sliding_log_set(key, now, slack, count, period, cost, held)
 end
 
 local function sliding_log(key, now, slack, count, burst, period, cost)
+    -- The stored value as load() takes it (read ahead, or read here), but
+    -- whole: a string log's length varies.
     local stored = pending
     if stored == nil then stored = redis_pcall('GET', key) end
     pending = nil
