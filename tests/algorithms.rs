@@ -295,19 +295,30 @@ async fn dead_leases_are_not_counted_and_are_trimmed_in_redis() {
 
 /// Sliding logs that outgrow their string form (16 units) move to a sorted
 /// set: through the move and after it, Redis decides as the memory backend
-/// does, alone and in batches.
+/// does, alone and in batches. Also from 2^50 µs (in 2005), where a time's
+/// packed bytes (a member's prefix) hold a zero in their third byte for days.
 #[tokio::test]
 async fn long_sliding_logs_decide_as_memory_does() {
     let server = RedisServer::start();
-    for (path, redis) in [
-        ("alone", redis_backend(&server).await),
-        ("batch", redis_backend(&server).await.batch_every_check()),
+    for (path, start, redis) in [
+        ("alone", EPOCH_US, redis_backend(&server).await),
+        (
+            "batch",
+            EPOCH_US,
+            redis_backend(&server).await.batch_every_check(),
+        ),
+        ("alone-2005", 1 << 50, redis_backend(&server).await),
+        (
+            "batch-2005",
+            1 << 50,
+            redis_backend(&server).await.batch_every_check(),
+        ),
     ] {
         let rule = Rule::sliding_log(40, Duration::from_millis(50));
         let clock = ManualClock::new();
-        clock.advance(Duration::from_micros(EPOCH_US));
+        clock.advance(Duration::from_micros(start));
         let memory = MemoryBackend::with_clock(clock.clone());
-        let mut now = EPOCH_US;
+        let mut now = start;
         let mut random = XorShift(0x2545_F491_4F6C_DD1D);
         let mut long_logs = 0;
         for step in 0..600 {

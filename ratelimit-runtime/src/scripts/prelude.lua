@@ -90,7 +90,9 @@ local function add_units(key, cost, score, prefix, first)
     score = text(score)
     for i = 0, cost - 1 do
         args[#args + 1] = score
-        args[#args + 1] = string.format('%s:%d', prefix, first + i)
+        -- Joined, not formatted: Lua's "%s" cuts a string at its first zero
+        -- byte, and prefixes are packed bytes.
+        args[#args + 1] = prefix .. ':' .. text(first + i)
         if #args == 2000 or i == cost - 1 then
             redis_call('ZADD', key, unpack(args))
             args = {}
