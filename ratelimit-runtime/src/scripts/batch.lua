@@ -66,20 +66,25 @@ end
 local values, reads = {}, tonumber(ARGV[4])
 if reads > 0 then values = redis_call('MGET', unpack(KEYS, 1, reads)) end
 
--- Most batches hold checks of one rule: then no check looks its rule up.
-local only, costed = #rules == 1 and rules[1], #costs > 0
+-- Most batches hold checks of one rule: then no check looks its rule up,
+-- and its numbers stay in locals.
+local only, costed = #rules == 1, #costs > 0
+local check, now, slack, count, burst, period, leased = unpack(rules[1] or {})
 local out, lease, cost = {}, 4, 1
 for i = 1, checks do
-    local rule, key, id = only or rules[string_byte(order, i)], KEYS[i], nil
+    local id = nil
+    if not only then
+        check, now, slack, count, burst, period, leased = unpack(rules[string_byte(order, i)])
+    end
     if costed then cost = struct_unpack('>d', costs, 8 * i - 7) end
-    if rule[7] then
+    if leased then
         lease = lease + 1
         id = ARGV[lease]
     end
     pending = values[i]
     local n = 4 * i
     out[n - 3], out[n - 2], out[n - 1], out[n] =
-        rule[1](key, rule[2], rule[3], rule[4], rule[5], rule[6], cost, id)
+        check(KEYS[i], now, slack, count, burst, period, cost, id)
 end
 -- A release needs no time, and its caller no answer.
 for i = checks + 1, #KEYS do
