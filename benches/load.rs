@@ -20,7 +20,8 @@
 //! "ops", "ops_per_sec", "p50_us", "p99_us", "redis_usec_per_call"}`, the
 //! last from `INFO commandstats`: the server's own CPU time per check, all
 //! the commands a check takes together, counted once (EVALSHA for us, whose
-//! time includes the commands the script calls; MULTI + EXEC for the peers,
+//! time includes the commands the script calls, and FCALL for our batches
+//! where the batch script is a function library; MULTI + EXEC for the peers,
 //! EXEC's time including the queued commands). For `concurrency` an op is
 //! acquire + release. `ratelimit` is the limiter as built by default (checks
 //! that wait at the same moment coalesced into one script call);
@@ -245,10 +246,11 @@ fn report(backend: &str, algorithm: &str, concurrency: usize, mut run: Run, usec
 }
 
 /// What a check of ours sends: one EVALSHA; a release is a ZREM of its
-/// own, or with coalescing a part of a batch script call (its ZREM then
-/// runs inside the script, whose time already includes it).
-const OURS: &[&str] = &["evalsha", "zrem"];
-const OURS_COALESCED: &[&str] = &["evalsha"];
+/// own, or with coalescing a part of a batch (its ZREM then runs inside the
+/// batch, whose time already includes it). A batch is an FCALL of the batch
+/// script loaded as a function library (an EVALSHA where it cannot be).
+const OURS: &[&str] = &["evalsha", "fcall", "zrem"];
+const OURS_COALESCED: &[&str] = &["evalsha", "fcall"];
 /// What the peers send: a MULTI/EXEC transaction.
 const TRANSACTION: &[&str] = &["multi", "exec"];
 

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{RateLimiter, Rule};
 use ratelimit_workspace::RedisServer;
 
@@ -17,15 +18,20 @@ const RULES: [Rule; 5] = [
 ];
 const LEASES: Rule = Rule::concurrency(20, Duration::from_secs(60));
 
-fn evalsha_calls(server: &RedisServer) -> u64 {
+/// Script calls so far: `EVALSHA` (a check alone, or a batch) and `FCALL`
+/// (a batch, where the batch script is a function library).
+fn script_calls(server: &RedisServer) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query(&mut server.connection())
         .expect("INFO commandstats");
     info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-        .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
-        .unwrap_or(0)
+        .filter_map(|line| {
+            line.strip_prefix("cmdstat_evalsha:calls=")
+                .or_else(|| line.strip_prefix("cmdstat_fcall:calls="))
+        })
+        .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
+        .sum()
 }
 
 /// 100 concurrent checks per rule on one key each, plus 100
@@ -33,7 +39,7 @@ fn evalsha_calls(server: &RedisServer) -> u64 {
 /// never exceed 20 in flight, and keys all carry a TTL. Returns how many
 /// script calls carried the checks.
 async fn mixed_burst(limiter: &RateLimiter, server: &RedisServer) -> (u64, u64) {
-    let before = evalsha_calls(server);
+    let before = script_calls(server);
     let mut tasks = Vec::new();
     for (r, rule) in RULES.iter().enumerate() {
         for _ in 0..100 {
@@ -85,7 +91,7 @@ async fn mixed_burst(limiter: &RateLimiter, server: &RedisServer) -> (u64, u64) 
         "{granted} leases, {peak} at once"
     );
     server.assert_all_keys_expire("co:*");
-    let calls = evalsha_calls(server) - before;
+    let calls = script_calls(server) - before;
     // 500 checks + up to 100 acquires and their releases.
     (calls, 500 + 100 + granted)
 }
@@ -181,17 +187,140 @@ async fn a_failed_batch_fails_each_of_its_checks_and_the_next_one_works() {
     }
 }
 
+/// A backend whose checks all go in batches.
+async fn batching(url: &str, functions: bool) -> RedisBackend {
+    let options = ConnectOptions {
+        timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(5),
+        functions,
+        ..ConnectOptions::default()
+    };
+    RedisBackend::open(url, options)
+        .await
+        .unwrap()
+        .batch_every_check()
+}
+
+/// How many times the server ran `command` so far.
+fn calls_of(server: &RedisServer, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.connection())
+        .expect("INFO commandstats");
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
+        .unwrap_or(0)
+}
+
+/// The names of the function libraries loaded in the server.
+fn libraries(server: &RedisServer) -> Vec<String> {
+    let listed: Vec<Vec<redis::Value>> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query(&mut server.connection())
+        .unwrap();
+    listed
+        .iter()
+        .map(|library| match &library[1] {
+            redis::Value::BulkString(name) => String::from_utf8(name.clone()).unwrap(),
+            other => panic!("FUNCTION LIST: {other:?}"),
+        })
+        .collect()
+}
+
+/// Where the server has functions, a batch is one `FCALL` of the batch
+/// script loaded as a library; after `FUNCTION FLUSH` (or a restart) the
+/// library is loaded again and the batch re-sent once.
+#[tokio::test]
+async fn batches_call_the_function_library_and_reload_it_after_function_flush() {
+    let server = RedisServer::start();
+    let redis = batching(&server.url(), true).await;
+    let rule = RULES[0];
+    let check = || ratelimit_runtime::Backend::check(&redis, &rule, "co:function", 1);
+    assert_eq!(check().await.unwrap().remaining, 29);
+    // One for the check, one when the library was loaded (an empty batch,
+    // to see that FCALL is allowed).
+    assert_eq!(calls_of(&server, "fcall"), 2);
+    assert_eq!(calls_of(&server, "evalsha"), 0);
+    let loaded = libraries(&server);
+    assert!(
+        loaded.len() == 1 && loaded[0].starts_with("ratelimit_"),
+        "{loaded:?}"
+    );
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query(&mut server.connection())
+        .unwrap();
+    assert_eq!(check().await.unwrap().remaining, 28);
+    assert_eq!(libraries(&server), loaded, "the library loaded again");
+    assert_eq!(calls_of(&server, "evalsha"), 0, "still by FCALL");
+    // The opt-out loads no library and sends EVALSHA.
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query(&mut server.connection())
+        .unwrap();
+    let scripts_only = batching(&server.url(), false).await;
+    let decision = ratelimit_runtime::Backend::check(&scripts_only, &rule, "co:function", 1);
+    assert_eq!(decision.await.unwrap().remaining, 27);
+    assert_eq!(calls_of(&server, "evalsha"), 1);
+    assert!(libraries(&server).is_empty());
+}
+
+/// A user whose ACL denies `FUNCTION` cannot load the library (as on a
+/// server before Redis 7, which has none), or denies `FCALL`: batches go by
+/// `EVALSHA`, and work.
+#[tokio::test]
+async fn without_functions_batches_go_by_evalsha() {
+    let server = RedisServer::start();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("limited")
+        .arg("on")
+        .arg(">secret")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-function")
+        .query(&mut server.connection())
+        .unwrap();
+    let url = format!("redis://limited:secret@127.0.0.1:{}", server.port());
+    let redis = batching(&url, true).await;
+    let rule = RULES[0];
+    for remaining in [29, 28, 27] {
+        let decision = ratelimit_runtime::Backend::check(&redis, &rule, "co:acl", 1);
+        assert_eq!(decision.await.unwrap().remaining, remaining);
+    }
+    assert_eq!(calls_of(&server, "evalsha"), 3);
+    assert_eq!(calls_of(&server, "fcall"), 0);
+    assert!(libraries(&server).is_empty());
+    // A user who may load functions but not call them: the same.
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("loader")
+        .arg("on")
+        .arg(">secret")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-fcall")
+        .query(&mut server.connection())
+        .unwrap();
+    let url = format!("redis://loader:secret@127.0.0.1:{}", server.port());
+    let redis = batching(&url, true).await;
+    for remaining in [26, 25] {
+        let decision = ratelimit_runtime::Backend::check(&redis, &rule, "co:acl", 1);
+        assert_eq!(decision.await.unwrap().remaining, remaining);
+    }
+    assert_eq!(calls_of(&server, "evalsha"), 5);
+}
+
+/// With the library off, a batch is an `EVALSHA`; after `SCRIPT FLUSH` the
+/// batch script is loaded again and the batch re-sent once.
 #[tokio::test]
 async fn the_batch_script_is_reloaded_after_script_flush() {
     let server = RedisServer::start();
-    let redis = ratelimit_runtime::backend::redis::RedisBackend::connect_with(
-        &server.url(),
-        Duration::from_secs(5),
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap()
-    .batch_every_check();
+    let redis = batching(&server.url(), false).await;
     let rule = RULES[0];
     let check = || ratelimit_runtime::Backend::check(&redis, &rule, "co:flush", 1);
     assert_eq!(check().await.unwrap().remaining, 29);
@@ -212,7 +341,7 @@ async fn mixed_batches_release_exactly_their_own_leases() {
     let server = RedisServer::start();
     let limiter = coalescing(&server).await;
     let rule = Rule::concurrency(1_000, Duration::from_secs(60));
-    let before = evalsha_calls(&server);
+    let before = script_calls(&server);
     let mut tasks = Vec::new();
     for t in 0..60u64 {
         let limiter = limiter.clone();
@@ -232,7 +361,7 @@ async fn mixed_batches_release_exactly_their_own_leases() {
         task.await.unwrap();
     }
     // 300 acquires, 300 releases and 300 checks.
-    let calls = evalsha_calls(&server) - before;
+    let calls = script_calls(&server) - before;
     assert!(calls * 2 < 900, "{calls} script calls: not coalesced");
     for k in 0..3 {
         let key = format!("co:units:{k}");

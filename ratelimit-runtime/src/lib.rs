@@ -51,7 +51,7 @@
 //!
 //! Each check is one atomic step: in Redis one Lua script run on one key, on
 //! the server's clock, with a TTL on every key it writes (checks waiting at
-//! the same moment share one `EVALSHA`: see
+//! the same moment share one script call: see
 //! [`RateLimiterBuilder::coalesce`]). If Redis
 //! fails or answers too slowly, the same rules are checked in process memory
 //! until it answers again.

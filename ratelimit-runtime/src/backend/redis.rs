@@ -1,12 +1,14 @@
 //! Redis and Redis Cluster: every check is one Lua script run by `EVALSHA`
 //! on one multiplexed connection (or one cluster connection) shared by all
 //! tasks. On one server, checks that wait at the same moment are coalesced
-//! into one script call (see [`ConnectOptions::coalesce`]).
+//! into one script call (see [`ConnectOptions::coalesce`]), an `FCALL` where
+//! the batch script is loaded as a function library
+//! ([`ConnectOptions::functions`]).
 
 use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -38,7 +40,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 ///
 /// On a single server, checks are coalesced: while a script call is on its
 /// way, the checks that arrive meanwhile wait in a queue and go together in
-/// the next call, one `EVALSHA` of a batch script that runs each check in
+/// the next call, one call of a batch script (`FCALL` of it as a function
+/// library where the server allows it, else `EVALSHA`) that runs each check in
 /// turn on its own key (each as atomic as alone; they share the server's
 /// clock reading). A check that finds nothing on its way goes at once, alone,
 /// so nothing waits when Redis keeps up; under load one round trip and one
@@ -78,6 +81,10 @@ struct Conn {
     live: OnceCell<Live>,
     timeout: Duration,
     connect_timeout: Duration,
+    /// Whether to load the batch script as a function library.
+    try_functions: bool,
+    /// Whether batches go by `FCALL` (the library is loaded) or `EVALSHA`.
+    functions: AtomicBool,
 }
 
 enum Target {
@@ -106,6 +113,32 @@ impl Live {
             Live::Cluster(conn) => script.load_async(conn).await.map(drop),
         }
     }
+
+    /// Loads the library and calls its function once with an empty batch
+    /// (which answers nothing): a user may be allowed `FUNCTION` but not
+    /// `FCALL`.
+    async fn load_library(&mut self, library: &Library) -> Result<(), RedisError> {
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg("REPLACE").arg(&library.source);
+        self.query::<String>(&load).await?;
+        let mut probe = redis::cmd("FCALL");
+        probe
+            .arg(&library.function)
+            .arg(0)
+            .arg("")
+            .arg("")
+            .arg("")
+            .arg(0);
+        self.query::<Vec<u8>>(&probe).await.map(drop)
+    }
+}
+
+/// Whether `error` says the function called is not loaded (the server
+/// restarted, or its functions were flushed).
+fn function_missing(error: &RedisError) -> bool {
+    error
+        .detail()
+        .is_some_and(|detail| detail.starts_with("Function not found"))
 }
 
 impl Conn {
@@ -132,6 +165,16 @@ impl Conn {
             for script in scripts.all() {
                 live.load(script).await?;
             }
+            if self.try_functions && matches!(self.target, Target::Single(_)) {
+                // Redis before 7, or a user whose ACL denies FUNCTION: the
+                // batch script goes by EVALSHA.
+                match live.load_library(&scripts.library).await {
+                    Ok(()) => self.functions.store(true, Ordering::Relaxed),
+                    Err(error) => {
+                        tracing::debug!(%error, "no function library; batches go by EVALSHA")
+                    }
+                }
+            }
             Ok::<_, RedisError>(live)
         }));
         match tokio::time::timeout(self.connect_timeout, connect).await {
@@ -147,13 +190,17 @@ struct Scripts {
     by_algorithm: [Script; 6],
     /// Many checks of any algorithms, or releases, in one call.
     batch: Script,
+    /// The same as a function library.
+    library: Library,
 }
 
 impl Scripts {
     fn new() -> Scripts {
+        let batch = Script::new(BATCH);
         Scripts {
             by_algorithm: Algorithm::ALL.map(|algorithm| Script::new(source(algorithm))),
-            batch: Script::new(BATCH),
+            library: Library::new(&batch),
+            batch,
         }
     }
 
@@ -186,6 +233,7 @@ pub(crate) fn source(algorithm: Algorithm) -> &'static str {
     macro_rules! script {
         ($name:literal) => {
             concat!(
+                include_str!("../scripts/bind.lua"),
                 include_str!("../scripts/prelude.lua"),
                 include_str!(concat!("../scripts/", $name, ".lua")),
                 "\nlocal check = ",
@@ -205,17 +253,73 @@ pub(crate) fn source(algorithm: Algorithm) -> &'static str {
     }
 }
 
+/// The library functions the scripts use, bound to locals.
+const BIND: &str = include_str!("../scripts/bind.lua");
+
+/// The prelude and every algorithm: what the batch script defines before its
+/// driver.
+macro_rules! batch_body {
+    () => {
+        concat!(
+            include_str!("../scripts/prelude.lua"),
+            include_str!("../scripts/fixed_window.lua"),
+            include_str!("../scripts/sliding_log.lua"),
+            include_str!("../scripts/sliding_window.lua"),
+            include_str!("../scripts/token_bucket.lua"),
+            include_str!("../scripts/gcra.lua"),
+            include_str!("../scripts/concurrency.lua"),
+        )
+    };
+}
+
 /// The batch script: every algorithm, and the driver that runs many checks.
 const BATCH: &str = concat!(
-    include_str!("../scripts/prelude.lua"),
-    include_str!("../scripts/fixed_window.lua"),
-    include_str!("../scripts/sliding_log.lua"),
-    include_str!("../scripts/sliding_window.lua"),
-    include_str!("../scripts/token_bucket.lua"),
-    include_str!("../scripts/gcra.lua"),
-    include_str!("../scripts/concurrency.lua"),
+    include_str!("../scripts/bind.lua"),
+    batch_body!(),
     include_str!("../scripts/batch.lua"),
 );
+
+/// The batch script as a Redis function library (Redis 7 and later), called
+/// with `FCALL`: its prelude and algorithms run once, when it is loaded, not
+/// at every call as a script's do (about 2 µs of the server's time a call).
+/// Its names carry the script's hash, so instances running different
+/// versions of this crate each find their own.
+struct Library {
+    /// The function to call.
+    function: String,
+    /// The library's source, for `FUNCTION LOAD REPLACE`.
+    source: String,
+}
+
+impl Library {
+    fn new(batch: &Script) -> Library {
+        let version = &batch.get_hash()[..16];
+        let function = format!("ratelimit_batch_{version}");
+        // bind.lua's lines `local names = values`: the names declared at
+        // load, the values given at each call (`redis` and `struct` exist
+        // only in a call).
+        let bound: Vec<(&str, &str)> = BIND
+            .lines()
+            .filter_map(|line| line.strip_prefix("local ")?.split_once(" = "))
+            .collect();
+        let mut source = format!("#!lua name=ratelimit_{version}\n");
+        for (names, _) in &bound {
+            source.push_str(&format!("local {names}\n"));
+        }
+        source.push_str(batch_body!());
+        source.push_str(&format!(
+            "\nredis.register_function('{function}', function(KEYS, ARGV)\n"
+        ));
+        for (names, values) in &bound {
+            source.push_str(&format!("{names} = {values}\n"));
+        }
+        // What the prelude keeps per script run, afresh at each call.
+        source.push_str("texts, aboves, pending = {}, {}, nil\n");
+        source.push_str(include_str!("../scripts/batch.lua"));
+        source.push_str("\nend)\n");
+        Library { function, source }
+    }
+}
 
 /// The most checks one batch carries (a batch holds the server for its
 /// whole run: about a microsecond or two per check).
@@ -351,11 +455,6 @@ async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
     let checks = jobs.partition_point(|job| job.place() < 2);
     let strings = jobs.partition_point(|job| job.place() < 1);
     let read_ahead = firsts_first(&mut jobs[..strings]);
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(scripts.batch.get_hash()).arg(jobs.len());
-    for job in &jobs {
-        cmd.arg(&*job.key);
-    }
     // The rules, packed (see batch.lua): each distinct one once, six numbers;
     // then one byte per check, its rule's number.
     let mut rules = Vec::new();
@@ -382,25 +481,55 @@ async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
             packed.extend_from_slice(&number.to_be_bytes());
         }
     }
-    cmd.arg(packed).arg(order);
     // The costs, only when one is not 1.
-    if jobs.iter().all(|job| job.cost == 1) {
-        cmd.arg(&b""[..]);
+    let costs: Vec<u8> = if jobs.iter().all(|job| job.cost == 1) {
+        Vec::new()
     } else {
-        let costs: Vec<u8> = jobs
-            .iter()
+        jobs.iter()
             .flat_map(|job| (job.cost as f64).to_be_bytes())
-            .collect();
-        cmd.arg(costs);
-    }
-    cmd.arg(read_ahead);
-    // The lease ids, each as its own argument: the checks' that carry one,
-    // in order, then the releases'.
-    for lease in jobs.iter().filter_map(|job| job.lease) {
-        cmd.arg(lease);
-    }
+            .collect()
+    };
+    // The call: FCALL of the library's function, or EVALSHA of the script.
+    let call = |function: bool| {
+        let mut cmd = if function {
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(&scripts.library.function);
+            cmd
+        } else {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(scripts.batch.get_hash());
+            cmd
+        };
+        cmd.arg(jobs.len());
+        for job in &jobs {
+            cmd.arg(&*job.key);
+        }
+        cmd.arg(&packed).arg(&order).arg(&costs).arg(read_ahead);
+        // The lease ids, each as its own argument: the checks' that carry
+        // one, in order, then the releases'.
+        for lease in jobs.iter().filter_map(|job| job.lease) {
+            cmd.arg(lease);
+        }
+        cmd
+    };
     let reply: Result<Vec<u8>, Error> = async {
         let mut live = conn.get(scripts).await?;
+        if conn.functions.load(Ordering::Relaxed) {
+            let cmd = call(true);
+            match live.query(&cmd).await {
+                Err(e) if function_missing(&e) => {
+                    // Lost with a restart, or flushed: loaded again.
+                    if live.load_library(&scripts.library).await.is_ok() {
+                        return live.query(&cmd).await.map_err(Error::backend);
+                    }
+                    // It cannot be loaded now (Redis replaced by an older
+                    // one, or an ACL change): EVALSHA from now on.
+                    conn.functions.store(false, Ordering::Relaxed);
+                }
+                reply => return reply.map_err(Error::backend),
+            }
+        }
+        let cmd = call(false);
         let reply = match live.query(&cmd).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 live.load(&scripts.batch).await.map_err(Error::backend)?;
@@ -514,6 +643,13 @@ pub struct ConnectOptions {
     /// (single server only; a cluster spreads keys over slots, so every
     /// check there is its own call). On by default.
     pub coalesce: bool,
+    /// Load the batch script that coalesced checks use as a function
+    /// library (Redis 7 and later), called with `FCALL`, which costs the
+    /// server about 2 µs less a call than `EVALSHA`. On by default; where
+    /// the server has no functions, or the user may not load them, batches
+    /// go by `EVALSHA`. The library (`ratelimit_<version>`) stays in Redis
+    /// like any function: `FUNCTION DELETE` removes it.
+    pub functions: bool,
 }
 
 impl Default for ConnectOptions {
@@ -523,6 +659,7 @@ impl Default for ConnectOptions {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             lazy: false,
             coalesce: true,
+            functions: true,
         }
     }
 }
@@ -589,6 +726,8 @@ impl RedisBackend {
                 live: OnceCell::new(),
                 timeout: options.timeout,
                 connect_timeout: options.connect_timeout,
+                try_functions: options.functions,
+                functions: AtomicBool::new(false),
             }),
             scripts: Arc::new(Scripts::new()),
             timeout: options.timeout,
@@ -856,6 +995,42 @@ impl std::error::Error for Stopped {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The library declares at load, and sets at each call, every name
+    /// bind.lua binds (a line of another shape would leave a name unset),
+    /// and is named after the batch script's version.
+    #[test]
+    fn the_library_binds_what_the_scripts_bind() {
+        let batch = Script::new(BATCH);
+        let library = Library::new(&batch);
+        let version = &batch.get_hash()[..16];
+        assert!(
+            library
+                .source
+                .starts_with(&format!("#!lua name=ratelimit_{version}\n"))
+        );
+        assert_eq!(library.function, format!("ratelimit_batch_{version}"));
+        for name in [
+            "redis_call",
+            "redis_pcall",
+            "struct_pack",
+            "struct_unpack",
+            "string_byte",
+        ] {
+            let declared = library.source.lines().take(3).any(|line| {
+                line.strip_prefix("local ")
+                    .is_some_and(|names| names.split(", ").any(|n| n == name))
+            });
+            assert!(declared, "{name} not declared at load");
+        }
+        assert!(
+            library
+                .source
+                .contains("redis_call, redis_pcall = redis.call, redis.pcall\n")
+        );
+        let code_lines = BIND.lines().filter(|line| !line.starts_with("--")).count();
+        assert_eq!(code_lines, 2, "bind.lua: only `local names = values` lines");
+    }
 
     fn jobs(keys: &[&str]) -> Vec<Job> {
         let rule = Rule::new(Algorithm::FixedWindow, 10, Duration::from_secs(1));

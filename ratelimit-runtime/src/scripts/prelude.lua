@@ -7,13 +7,14 @@
 -- `now` is in µs of the server clock; `slack` is added to every TTL (ms):
 -- 0, or an hour when the caller fixed `now` (tests that hold Redis and memory
 -- side by side: keys written then have times that are not the server's).
--- A script is this prelude, the algorithms it needs and a driver: single.lua
--- (one check, the rule's own script) or batch.lua (many checks at once).
+-- A script is bind.lua, this prelude, the algorithms it needs and a driver:
+-- single.lua (one check, the rule's own script) or batch.lua (many checks at
+-- once). The batch script is also loaded as a function library where the
+-- server has functions (src/backend/redis.rs): there the prelude and the
+-- algorithms run once, at load, and the driver at each call.
 
--- The library functions the scripts call per check, as locals: a global's
--- is two table lookups at every call, a local's none.
-local redis_call, redis_pcall = redis.call, redis.pcall
-local struct_pack, struct_unpack, string_byte = struct.pack, struct.unpack, string.byte
+-- The tables below (texts, aboves) and `pending` hold what one script run
+-- made: a function library's call starts them afresh.
 
 -- Numbers go to redis.call as text made here. Given a Lua number, Redis
 -- formats it with "%.17g", a floating-point conversion that costs the server
