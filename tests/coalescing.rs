@@ -137,6 +137,7 @@ async fn without_coalescing_every_check_is_its_own_call() {
     // Releases are plain ZREMs then, not script calls.
     let releases = checks - 600;
     assert_eq!(calls, checks - releases, "one EVALSHA per check");
+    assert!(libraries(&server).is_empty(), "no function library loaded");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

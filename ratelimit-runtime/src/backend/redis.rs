@@ -81,7 +81,8 @@ struct Conn {
     live: OnceCell<Live>,
     timeout: Duration,
     connect_timeout: Duration,
-    /// Whether to load the batch script as a function library.
+    /// Whether to load the batch script as a function library (asked for,
+    /// and coalescing on one server).
     try_functions: bool,
     /// Whether batches go by `FCALL` (the library is loaded) or `EVALSHA`.
     functions: AtomicBool,
@@ -165,7 +166,7 @@ impl Conn {
             for script in scripts.all() {
                 live.load(script).await?;
             }
-            if self.try_functions && matches!(self.target, Target::Single(_)) {
+            if self.try_functions {
                 // Redis before 7, or a user whose ACL denies FUNCTION: the
                 // batch script goes by EVALSHA.
                 match live.load_library(&scripts.library).await {
@@ -647,8 +648,10 @@ pub struct ConnectOptions {
     /// library (Redis 7 and later), called with `FCALL`, which costs the
     /// server about 2 µs less a call than `EVALSHA`. On by default; where
     /// the server has no functions, or the user may not load them, batches
-    /// go by `EVALSHA`. The library (`ratelimit_<version>`) stays in Redis
-    /// like any function: `FUNCTION DELETE` removes it.
+    /// go by `EVALSHA`. Nothing is loaded without coalescing (or on a
+    /// cluster), where no call is a batch. The library
+    /// (`ratelimit_<version>`) stays in Redis like any function: `FUNCTION
+    /// DELETE` removes it.
     pub functions: bool,
 }
 
@@ -726,7 +729,8 @@ impl RedisBackend {
                 live: OnceCell::new(),
                 timeout: options.timeout,
                 connect_timeout: options.connect_timeout,
-                try_functions: options.functions,
+                // Only batches call the library.
+                try_functions: options.functions && coalesce,
                 functions: AtomicBool::new(false),
             }),
             scripts: Arc::new(Scripts::new()),
