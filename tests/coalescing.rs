@@ -21,17 +21,7 @@ const LEASES: Rule = Rule::concurrency(20, Duration::from_secs(60));
 /// Script calls so far: `EVALSHA` (a check alone, or a batch) and `FCALL`
 /// (a batch, where the batch script is a function library).
 fn script_calls(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.connection())
-        .expect("INFO commandstats");
-    info.lines()
-        .filter_map(|line| {
-            line.strip_prefix("cmdstat_evalsha:calls=")
-                .or_else(|| line.strip_prefix("cmdstat_fcall:calls="))
-        })
-        .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
-        .sum()
+    calls_of(server, "evalsha") + calls_of(server, "fcall")
 }
 
 /// 100 concurrent checks per rule on one key each, plus 100

@@ -314,8 +314,6 @@ impl Library {
         for (names, values) in &bound {
             source.push_str(&format!("{names} = {values}\n"));
         }
-        // What the prelude keeps per script run, afresh at each call.
-        source.push_str("texts, aboves, pending = {}, {}, nil\n");
         source.push_str(include_str!("../scripts/batch.lua"));
         source.push_str("\nend)\n");
         Library { function, source }

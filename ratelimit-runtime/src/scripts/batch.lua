@@ -44,6 +44,7 @@ local function release(key, cost, lease)
     end
 end
 
+texts, aboves = {}, {}
 local run = {fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency}
 local packed, order, costs = ARGV[1], ARGV[2], ARGV[3]
 local checks, time = #order, nil

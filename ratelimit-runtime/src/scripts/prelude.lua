@@ -13,15 +13,16 @@
 -- server has functions (src/backend/redis.rs): there the prelude and the
 -- algorithms run once, at load, and the driver at each call.
 
--- The tables below (texts, aboves) and `pending` hold what one script run
--- made: a function library's call starts them afresh.
+-- The tables below (texts, aboves) hold what one script run made: each
+-- driver makes them anew when it starts (a function library's are kept
+-- between calls otherwise).
 
 -- Numbers go to redis.call as text made here. Given a Lua number, Redis
 -- formats it with "%.17g", a floating-point conversion that costs the server
 -- about as much as a fast command; an integer prints exactly with %d. The
 -- checks of a batch share most of their numbers (the time, a rule's TTL), so
 -- each is made once per script run.
-local texts = {}
+local texts
 local function text(n)
     local t = texts[n]
     if not t then
@@ -31,7 +32,7 @@ local function text(n)
     return t
 end
 -- The exclusive bound "(n" (scores above n), made once per script run too.
-local aboves = {}
+local aboves
 local function above(n)
     local t = aboves[n]
     if not t then

@@ -5,6 +5,7 @@
 -- ARGV     count, burst, period (µs), cost, now (µs; "" = the server's TIME)
 --          [, lease id for concurrency]
 -- Returns  {allowed (1|0), remaining, reset_after (µs), retry_after (µs)}
+texts, aboves = {}, {}
 local now, slack = tonumber(ARGV[5]), 3600000
 if not now then
     local t = redis_call('TIME')
