@@ -361,3 +361,41 @@ async fn mixed_batches_release_exactly_their_own_leases() {
         assert_eq!(all.decision().remaining, 0);
     }
 }
+
+/// A lease whose key another algorithm's state has taken over meanwhile (a
+/// rule changed its algorithm by an override, or two versions of an app
+/// share Redis): its release has nothing to give back and answers Ok, as
+/// the memory backend does, batched or alone, and the checks that share
+/// its batch are not failed with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_on_another_algorithms_state_gives_back_nothing_and_fails_nothing() {
+    use ratelimit_runtime::Backend as _;
+    let server = RedisServer::start();
+    let options = ConnectOptions {
+        timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(5),
+        coalesce: false,
+        ..ConnectOptions::default()
+    };
+    let alone = RedisBackend::open(&server.url(), options).await.unwrap();
+    let batched = batching(&server.url(), true).await;
+    for (name, redis) in [("alone", &alone), ("batched", &batched)] {
+        let key = format!("co:taken:{name}");
+        for cost in [1, 3] {
+            let taken = redis.acquire(&LEASES, &key, cost, 7).await.unwrap();
+            assert!(taken.allowed);
+            // The fixed window's string replaces the sorted set of leases.
+            assert!(redis.check(&RULES[0], &key, 1).await.unwrap().allowed);
+            let other = format!("co:taken:other:{name}:{cost}");
+            let (released, checked) = tokio::join!(
+                redis.release(&LEASES, &key, cost, 7),
+                redis.check(&RULES[0], &other, 1),
+            );
+            released.unwrap_or_else(|e| panic!("{name}, cost {cost}: release: {e}"));
+            assert!(checked.unwrap().allowed, "{name}: the check beside it");
+            // The window's count is untouched: 30 - 1 (above) - 1 (now).
+            let decision = redis.check(&RULES[0], &key, 1).await.unwrap();
+            assert_eq!(decision.remaining, 28, "{name}, cost {cost}");
+        }
+    }
+}

@@ -958,10 +958,13 @@ impl Backend for RedisBackend {
         }
         let run = async {
             let mut live = self.conn.get(&self.scripts).await?;
-            live.query::<i64>(&cmd)
-                .await
-                .map(drop)
-                .map_err(Error::backend)
+            match live.query::<i64>(&cmd).await {
+                Ok(_) => Ok(()),
+                // Another algorithm's state took the key over (a rule
+                // changed): no lease of ours is left there to give back.
+                Err(e) if e.code() == Some("WRONGTYPE") => Ok(()),
+                Err(e) => Err(Error::backend(e)),
+            }
         };
         match tokio::time::timeout(self.timeout, run).await {
             Ok(reply) => reply,
