@@ -497,10 +497,11 @@ impl Future for Deciding<'_> {
 /// What [`RateLimiter::acquire`] answers: the decision, and for an allowed
 /// call of a `concurrency` rule, the lease it holds.
 ///
-/// Dropping the permit releases the lease (from a task spawned on the
-/// current Tokio runtime for Redis; without a runtime the lease expires after
-/// the rule's period), so a call that ends by error, panic or cancellation
-/// gives its units back too. [`release`](Permit::release) does it now and
+/// Dropping the permit releases the lease: at once in process memory, and
+/// from a task spawned on the current Tokio runtime where Redis or a custom
+/// backend holds it (without a runtime the lease is left to expire after the
+/// rule's period). So a call that ends by error, panic or cancellation gives
+/// its units back too. [`release`](Permit::release) does it now and
 /// reports failures.
 #[derive(Debug)]
 #[must_use = "dropping the permit releases its lease at once"]
@@ -574,9 +575,8 @@ impl Drop for Lease {
             return;
         }
         self.released = true;
-        // Held by the backend: released from a task (without a runtime, it
-        // expires after the rule's period).
-        #[cfg(feature = "redis")]
+        // Held by the backend (Redis, custom): released from a task (without
+        // a runtime, it expires after the rule's period).
         if !self.store.release_in_process(self)
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
@@ -592,8 +592,6 @@ impl Drop for Lease {
                 }
             });
         }
-        #[cfg(not(feature = "redis"))]
-        self.store.release_in_process(self);
     }
 }
 
@@ -894,6 +892,108 @@ impl<B: Backend> DynBackend for B {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// A custom backend with concurrency support: the units each lease
+    /// holds, in a map.
+    #[derive(Debug, Default)]
+    struct Leases(Arc<Mutex<HashMap<u64, u64>>>);
+
+    impl Backend for Leases {
+        async fn check(&self, _rule: &Rule, _key: &str, _cost: u64) -> Result<Decision, Error> {
+            Err(Error::Unsupported("checks"))
+        }
+
+        async fn acquire(
+            &self,
+            rule: &Rule,
+            _key: &str,
+            cost: u64,
+            lease: u64,
+        ) -> Result<Decision, Error> {
+            let mut held = self.0.lock().unwrap();
+            let used: u64 = held.values().sum();
+            let allowed = used + cost <= rule.count();
+            if allowed {
+                held.insert(lease, cost);
+            }
+            Ok(Decision {
+                allowed,
+                limit: rule.count(),
+                remaining: rule.count() - used - if allowed { cost } else { 0 },
+                reset_after: Duration::ZERO,
+                retry_after: Duration::ZERO,
+            })
+        }
+
+        async fn release(
+            &self,
+            _rule: &Rule,
+            _key: &str,
+            _cost: u64,
+            lease: u64,
+        ) -> Result<(), Error> {
+            self.0.lock().unwrap().remove(&lease);
+            Ok(())
+        }
+    }
+
+    /// A limiter on a [`Leases`] backend, and a view of what it holds.
+    fn custom(runtime: &tokio::runtime::Runtime) -> (RateLimiter, Arc<Mutex<HashMap<u64, u64>>>) {
+        let held = Arc::new(Mutex::new(HashMap::new()));
+        let limiter = runtime
+            .block_on(RateLimiter::builder().backend(Leases(held.clone())).build())
+            .unwrap();
+        (limiter, held)
+    }
+
+    /// A dropped permit gives a custom backend's lease back from a task on
+    /// the current runtime, with or without the `redis` feature; released
+    /// explicitly, at once; dropped where no runtime runs, it is left held
+    /// (to expire), and nothing panics.
+    #[test]
+    fn a_custom_backends_lease_is_released_when_its_permit_drops() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (limiter, held) = custom(&runtime);
+        let rule = Rule::concurrency(2, Duration::from_secs(60));
+        let units =
+            |held: &Arc<Mutex<HashMap<u64, u64>>>| held.lock().unwrap().values().sum::<u64>();
+        runtime.block_on(async {
+            let first = limiter.acquire(&rule, "k", 1).await.unwrap();
+            let second = limiter.acquire(&rule, "k", 1).await.unwrap();
+            assert!(first.decision().allowed && second.decision().allowed);
+            assert!(
+                !limiter
+                    .acquire(&rule, "k", 1)
+                    .await
+                    .unwrap()
+                    .decision()
+                    .allowed
+            );
+            assert_eq!(units(&held), 2);
+
+            second.release().await.unwrap();
+            assert_eq!(units(&held), 1, "released at once");
+
+            drop(first);
+            for _ in 0..100 {
+                if units(&held) == 0 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(units(&held), 0, "released by the dropped permit's task");
+        });
+
+        let outside = runtime.block_on(limiter.acquire(&rule, "k", 2)).unwrap();
+        assert!(outside.decision().allowed);
+        drop(outside);
+        assert_eq!(units(&held), 2, "no runtime: left to expire");
+    }
 
     /// Threads count through blocks of their own; no two leases share an id,
     /// across threads and across a thread's blocks.
