@@ -403,3 +403,128 @@ async fn middleware_limits_scopes_by_ip_header_or_closure_with_allow_lists() {
         "no key: not limited"
     );
 }
+
+/// A server whose middleware allow-lists a path, IPv4 and IPv6 clients (the
+/// client address comes from `X-Forwarded-For`: 127.0.0.1 is a trusted
+/// proxy), a long API key, and a closure key holding a colon.
+fn serve_with_allow_lists(limiter: RateLimiter) -> SocketAddr {
+    let long_key: &'static str = Box::leak("k".repeat(100).into_boxed_str());
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(limiter.clone())
+            .service(
+                web::scope("/ip")
+                    .wrap(
+                        RateLimit::new(API)
+                            .key("al-ip")
+                            .by_ip()
+                            .exempt_path("/ip/health")
+                            .exempt_key("198.51.100.1")
+                            .exempt_key("2001:db8::1"),
+                    )
+                    .route("/health", web::get().to(|| async { "healthy" }))
+                    .route("/health/db", web::get().to(|| async { "healthy" }))
+                    .route("/healthz", web::get().to(|| async { "work" }))
+                    .route("/work", web::get().to(|| async { "work" })),
+            )
+            .service(
+                web::scope("/key")
+                    .wrap(
+                        RateLimit::new(API)
+                            .key("al-key")
+                            .by_header("x-api-key")
+                            .exempt_key(long_key),
+                    )
+                    .route("", web::get().to(|| async { "key" })),
+            )
+            .service(
+                web::scope("/custom")
+                    .wrap(
+                        RateLimit::new(API)
+                            .key("al-custom")
+                            .by_key(|req| {
+                                req.query_string().strip_prefix("user=").map(str::to_owned)
+                            })
+                            .exempt_key("team:ops"),
+                    )
+                    .route("", web::get().to(|| async { "custom" })),
+            )
+    })
+    .workers(1)
+    .bind((Ipv4Addr::LOCALHOST, 0))
+    .unwrap();
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    addr
+}
+
+/// Allow-lists compare the subject as the request has it: an IPv6 client's
+/// address (its budget is kept per /64), an API key too long to be kept in
+/// the key as it is, a closure key with a colon. Exempt paths go by whole
+/// segments. Everything next to them is limited as before.
+#[actix_web::test]
+async fn middleware_allow_lists_match_whole_subjects_and_path_segments() {
+    let limiter = RateLimiter::builder()
+        .http(HttpOptions::new().trust_proxies(["127.0.0.1"]).unwrap())
+        .build()
+        .await
+        .unwrap();
+    let addr = serve_with_allow_lists(limiter);
+    let statuses = |path: String, headers: Vec<(&'static str, String)>, n: usize| async move {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(get_from(ONE, addr, &path, &headers).await.status);
+        }
+        out
+    };
+    let from = |client: &str| vec![("x-forwarded-for", client.to_owned())];
+    let path = |p: &str| p.to_owned();
+
+    for exempt in ["198.51.100.1", "2001:db8::1"] {
+        assert_eq!(
+            statuses(path("/ip/work"), from(exempt), 4).await,
+            [200; 4],
+            "{exempt}"
+        );
+    }
+    // The allow-listed address's /64 neighbour shares nothing with it.
+    assert_eq!(
+        statuses(path("/ip/work"), from("2001:db8::2"), 3).await,
+        [200, 200, 429]
+    );
+    assert_eq!(
+        statuses(path("/ip/healthz"), from("198.51.100.2"), 3).await,
+        [200, 200, 429],
+        "/ip/health does not exempt /ip/healthz"
+    );
+    assert_eq!(
+        statuses(path("/ip/health/db"), from("198.51.100.2"), 2).await,
+        [200, 200],
+        "below an exempt path"
+    );
+    assert_eq!(
+        statuses(path("/ip/health"), from("198.51.100.2"), 2).await,
+        [200, 200]
+    );
+
+    let long = "k".repeat(100);
+    assert_eq!(
+        statuses(path("/key"), vec![("x-api-key", long.clone())], 4).await,
+        [200; 4],
+        "a long allow-listed key"
+    );
+    assert_eq!(
+        statuses(path("/key"), vec![("x-api-key", format!("{long}x"))], 3).await,
+        [200, 200, 429]
+    );
+
+    assert_eq!(
+        statuses(path("/custom?user=team:ops"), vec![], 4).await,
+        [200; 4]
+    );
+    assert_eq!(
+        statuses(path("/custom?user=ops"), vec![], 3).await,
+        [200, 200, 429]
+    );
+}

@@ -176,7 +176,12 @@ impl HttpOptions {
 
     /// `ip:<address>` for the key (IPv6 masked to the prefix), or `None`.
     fn client_subject(&self, req: &HttpRequest) -> Option<String> {
-        let ip = self.client_ip(req)?;
+        self.client_ip(req).map(|ip| self.subject_of(ip))
+    }
+
+    /// `ip:<address>` for the key of the client `ip` (IPv6 masked to the
+    /// prefix).
+    fn subject_of(&self, ip: IpAddr) -> String {
         let mut subject = String::with_capacity(48);
         subject.push_str(":ip:");
         match ip {
@@ -190,7 +195,7 @@ impl HttpOptions {
                 let _ = write!(subject, "{masked}/{bits}");
             }
         }
-        Some(subject)
+        subject
     }
 }
 
@@ -706,6 +711,23 @@ struct Middleware {
     on_error: Option<OnError>,
     exempt_paths: Vec<String>,
     exempt_keys: Vec<String>,
+    /// The exempt keys that are addresses (for `by_ip`).
+    exempt_ips: Vec<IpAddr>,
+}
+
+impl Middleware {
+    /// Whether `path` is an exempt path or below one (whole segments).
+    fn exempt_path(&self, path: &str) -> bool {
+        self.exempt_paths.iter().any(|prefix| {
+            path.strip_prefix(prefix.as_str()).is_some_and(|rest| {
+                rest.is_empty() || rest.starts_with('/') || prefix.ends_with('/')
+            })
+        })
+    }
+
+    fn exempt_key(&self, subject: &[u8]) -> bool {
+        self.exempt_keys.iter().any(|k| k.as_bytes() == subject)
+    }
 }
 
 impl std::fmt::Debug for RateLimit {
@@ -732,6 +754,7 @@ impl RateLimit {
                 on_error: None,
                 exempt_paths: Vec::new(),
                 exempt_keys: Vec::new(),
+                exempt_ips: Vec::new(),
             }),
         }
     }
@@ -786,17 +809,30 @@ impl RateLimit {
         self.with(|m| m.on_error = Some(on_error))
     }
 
-    /// Requests whose path starts with `prefix` are not limited.
+    /// Requests for the path `prefix` or below it are not limited, by whole
+    /// segments: `"/health"` exempts `/health` and `/health/db`, not
+    /// `/healthz` or `/health-admin`. A prefix ending in `/` exempts what
+    /// starts with it.
     pub fn exempt_path(self, prefix: impl Into<String>) -> RateLimit {
         let prefix = prefix.into();
         self.with(|m| m.exempt_paths.push(prefix))
     }
 
-    /// Requests whose subject (client address, header value or closure key)
-    /// is `subject` are not limited: an allow-list.
+    /// Requests whose subject is `subject` are not limited: an allow-list.
+    /// The subject is the client's address for [`by_ip`](RateLimit::by_ip)
+    /// (`"10.0.0.1"`, `"2001:db8::1"`: the address, not the IPv6 prefix its
+    /// budget is kept under), the header's value for
+    /// [`by_header`](RateLimit::by_header), the closure's key for
+    /// [`by_key`](RateLimit::by_key), each as the request has it, however
+    /// long.
     pub fn exempt_key(self, subject: impl Into<String>) -> RateLimit {
         let subject = subject.into();
-        self.with(|m| m.exempt_keys.push(subject))
+        self.with(|m| {
+            if let Ok(ip) = subject.parse::<IpAddr>() {
+                m.exempt_ips.push(canonical(ip));
+            }
+            m.exempt_keys.push(subject)
+        })
     }
 }
 
@@ -850,41 +886,52 @@ where
                 let service = Rc::clone(&service);
                 async move { Ok(service.call(req).await?.map_into_left_body()) }
             };
-            if config
-                .exempt_paths
-                .iter()
-                .any(|p| req.path().starts_with(p.as_str()))
-            {
+            if config.exempt_path(req.path()) {
                 return pass(req).await;
             }
             let limiter = limiter_for(req.request()).clone();
+            // The subject of the key, after the allow-list: each kind of
+            // subject is compared as the request has it (not as rendered
+            // into the key, where long values are digested and IPv6 masked).
             let subject = match &config.by {
-                By::Global => Some(String::new()),
-                By::Ip => match ip_subject(&limiter, req.request()) {
-                    Ok(subject) => Some(subject),
-                    Err(()) => {
-                        let refusal = RateLimited::unknown_client(config.rule.count());
-                        let response = refused(refusal, &[], req.request());
-                        return Ok(req.into_response(response).map_into_right_body());
+                By::Global => String::new(),
+                By::Ip => {
+                    let options = limiter.http_options();
+                    let ip = options.client_ip(req.request());
+                    if ip.is_some_and(|ip| config.exempt_ips.contains(&ip)) {
+                        return pass(req).await;
                     }
-                },
-                By::Header(name) => Some(header_subject(req.request(), name.as_str())),
-                By::Key(key) => key(&req).map(|k| {
+                    match ip.map(|ip| options.subject_of(ip)) {
+                        Some(subject) => subject,
+                        None if options.unknown_client == UnknownClient::Shared => {
+                            ":ip:unknown".to_owned()
+                        }
+                        None => {
+                            let refusal = RateLimited::unknown_client(config.rule.count());
+                            let response = refused(refusal, &[], req.request());
+                            return Ok(req.into_response(response).map_into_right_body());
+                        }
+                    }
+                }
+                By::Header(name) => {
+                    let value = req.headers().get(name);
+                    if value.is_some_and(|v| config.exempt_key(v.as_bytes())) {
+                        return pass(req).await;
+                    }
+                    header_subject(req.request(), name.as_str())
+                }
+                By::Key(key) => {
+                    let Some(k) = key(&req) else {
+                        return pass(req).await;
+                    };
+                    if config.exempt_key(k.as_bytes()) {
+                        return pass(req).await;
+                    }
                     let mut subject = String::from(":key:");
                     crate::keys::push_part(&mut subject, &k);
                     subject
-                }),
+                }
             };
-            let Some(subject) = subject else {
-                return pass(req).await;
-            };
-            if config
-                .exempt_keys
-                .iter()
-                .any(|k| subject.rsplit(':').next() == Some(k.as_str()))
-            {
-                return pass(req).await;
-            }
             let key = format!("{}{subject}", config.key);
             let on_error = config.on_error.unwrap_or(limiter.on_backend_error());
             let (rule, shadow) =
