@@ -170,12 +170,7 @@ async fn a_spoofed_forwarding_header_gets_no_new_budget() {
 
 #[actix_web::test]
 async fn behind_a_trusted_proxy_the_forwarded_client_counts() {
-    let limiter = RateLimiter::builder()
-        .http(HttpOptions::new().trust_proxies(["127.0.0.1"]).unwrap())
-        .build()
-        .await
-        .unwrap();
-    let addr = serve(limiter);
+    let addr = serve(behind_local_proxy().await);
     let via_proxy = |client: &'static str| async move {
         get_from(ONE, addr, "/limitTest3", &[("x-forwarded-for", client)])
             .await
@@ -306,54 +301,77 @@ async fn a_request_without_a_client_address_is_refused_unless_shared() {
 
 const API: Rule = Rule::fixed_window(2, Duration::from_secs(10));
 
-fn serve_with_middleware() -> SocketAddr {
-    let server =
-        HttpServer::new(|| {
-            App::new()
-                .app_data(RateLimiter::in_memory())
-                .service(
-                    web::scope("/ip")
-                        .wrap(
-                            RateLimit::new(API)
-                                .key("mw-ip")
-                                .by_ip()
-                                .exempt_path("/ip/health"),
-                        )
-                        .route("/health", web::get().to(|| async { "healthy" }))
-                        .route("/work", web::get().to(|| async { "work" })),
-                )
-                .service(
-                    web::scope("/key")
-                        .wrap(
-                            RateLimit::new(API)
-                                .key("mw-key")
-                                .by_header("x-api-key")
-                                .exempt_key("admin"),
-                        )
-                        .route(
-                            "",
-                            web::get().to(|| async { HttpResponse::Ok().body("key") }),
-                        ),
-                )
-                .service(
-                    web::scope("/custom")
-                        .wrap(RateLimit::new(API).key("mw-custom").by_key(|req| {
-                            req.query_string().strip_prefix("user=").map(str::to_owned)
-                        }))
-                        .route("", web::get().to(|| async { "custom" })),
-                )
-        })
-        .workers(1)
-        .bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap();
+/// A server with the middleware on three scopes, each with allow-lists: a
+/// path (by segments), IPv4 and IPv6 clients, two API keys (one too long to
+/// be kept in the key as it is), a closure key holding a colon.
+fn serve_with_middleware(limiter: RateLimiter) -> SocketAddr {
+    let long_key: &'static str = Box::leak("k".repeat(100).into_boxed_str());
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(limiter.clone())
+            .service(
+                web::scope("/ip")
+                    .wrap(
+                        RateLimit::new(API)
+                            .key("mw-ip")
+                            .by_ip()
+                            .exempt_path("/ip/health")
+                            .exempt_key("198.51.100.1")
+                            .exempt_key("2001:db8::1"),
+                    )
+                    .route("/health", web::get().to(|| async { "healthy" }))
+                    .route("/health/db", web::get().to(|| async { "healthy" }))
+                    .route("/healthz", web::get().to(|| async { "work" }))
+                    .route("/work", web::get().to(|| async { "work" })),
+            )
+            .service(
+                web::scope("/key")
+                    .wrap(
+                        RateLimit::new(API)
+                            .key("mw-key")
+                            .by_header("x-api-key")
+                            .exempt_key("admin")
+                            .exempt_key(long_key),
+                    )
+                    .route(
+                        "",
+                        web::get().to(|| async { HttpResponse::Ok().body("key") }),
+                    ),
+            )
+            .service(
+                web::scope("/custom")
+                    .wrap(
+                        RateLimit::new(API)
+                            .key("mw-custom")
+                            .by_key(|req| {
+                                req.query_string().strip_prefix("user=").map(str::to_owned)
+                            })
+                            .exempt_key("team:ops"),
+                    )
+                    .route("", web::get().to(|| async { "custom" })),
+            )
+    })
+    .workers(1)
+    .bind((Ipv4Addr::LOCALHOST, 0))
+    .unwrap();
     let addr = server.addrs()[0];
     actix_web::rt::spawn(server.run());
     addr
 }
 
+/// A limiter that takes 127.0.0.1 for a proxy (so `X-Forwarded-For` names
+/// the client of a request from it).
+async fn behind_local_proxy() -> RateLimiter {
+    RateLimiter::builder()
+        .http(HttpOptions::new().trust_proxies(["127.0.0.1"]).unwrap())
+        .build()
+        .await
+        .unwrap()
+}
+
 #[actix_web::test]
 async fn middleware_limits_scopes_by_ip_header_or_closure_with_allow_lists() {
-    let addr = serve_with_middleware();
+    let addr = serve_with_middleware(behind_local_proxy().await);
     let statuses = |path: &'static str,
                     from: IpAddr,
                     headers: &'static [(&'static str, &'static str)],
@@ -404,72 +422,13 @@ async fn middleware_limits_scopes_by_ip_header_or_closure_with_allow_lists() {
     );
 }
 
-/// A server whose middleware allow-lists a path, IPv4 and IPv6 clients (the
-/// client address comes from `X-Forwarded-For`: 127.0.0.1 is a trusted
-/// proxy), a long API key, and a closure key holding a colon.
-fn serve_with_allow_lists(limiter: RateLimiter) -> SocketAddr {
-    let long_key: &'static str = Box::leak("k".repeat(100).into_boxed_str());
-    let server = HttpServer::new(move || {
-        App::new()
-            .app_data(limiter.clone())
-            .service(
-                web::scope("/ip")
-                    .wrap(
-                        RateLimit::new(API)
-                            .key("al-ip")
-                            .by_ip()
-                            .exempt_path("/ip/health")
-                            .exempt_key("198.51.100.1")
-                            .exempt_key("2001:db8::1"),
-                    )
-                    .route("/health", web::get().to(|| async { "healthy" }))
-                    .route("/health/db", web::get().to(|| async { "healthy" }))
-                    .route("/healthz", web::get().to(|| async { "work" }))
-                    .route("/work", web::get().to(|| async { "work" })),
-            )
-            .service(
-                web::scope("/key")
-                    .wrap(
-                        RateLimit::new(API)
-                            .key("al-key")
-                            .by_header("x-api-key")
-                            .exempt_key(long_key),
-                    )
-                    .route("", web::get().to(|| async { "key" })),
-            )
-            .service(
-                web::scope("/custom")
-                    .wrap(
-                        RateLimit::new(API)
-                            .key("al-custom")
-                            .by_key(|req| {
-                                req.query_string().strip_prefix("user=").map(str::to_owned)
-                            })
-                            .exempt_key("team:ops"),
-                    )
-                    .route("", web::get().to(|| async { "custom" })),
-            )
-    })
-    .workers(1)
-    .bind((Ipv4Addr::LOCALHOST, 0))
-    .unwrap();
-    let addr = server.addrs()[0];
-    actix_web::rt::spawn(server.run());
-    addr
-}
-
 /// Allow-lists compare the subject as the request has it: an IPv6 client's
 /// address (its budget is kept per /64), an API key too long to be kept in
 /// the key as it is, a closure key with a colon. Exempt paths go by whole
 /// segments. Everything next to them is limited as before.
 #[actix_web::test]
 async fn middleware_allow_lists_match_whole_subjects_and_path_segments() {
-    let limiter = RateLimiter::builder()
-        .http(HttpOptions::new().trust_proxies(["127.0.0.1"]).unwrap())
-        .build()
-        .await
-        .unwrap();
-    let addr = serve_with_allow_lists(limiter);
+    let addr = serve_with_middleware(behind_local_proxy().await);
     let statuses = |path: String, headers: Vec<(&'static str, String)>, n: usize| async move {
         let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let mut out = Vec::new();
