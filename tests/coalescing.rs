@@ -178,13 +178,20 @@ async fn a_failed_batch_fails_each_of_its_checks_and_the_next_one_works() {
     }
 }
 
+/// The defaults, with deadlines long enough for a loaded test machine.
+fn patient() -> ConnectOptions {
+    ConnectOptions {
+        timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(5),
+        ..ConnectOptions::default()
+    }
+}
+
 /// A backend whose checks all go in batches.
 async fn batching(url: &str, functions: bool) -> RedisBackend {
     let options = ConnectOptions {
-        timeout: Duration::from_secs(5),
-        connect_timeout: Duration::from_secs(5),
         functions,
-        ..ConnectOptions::default()
+        ..patient()
     };
     RedisBackend::open(url, options)
         .await
@@ -372,10 +379,8 @@ async fn a_release_on_another_algorithms_state_gives_back_nothing_and_fails_noth
     use ratelimit_runtime::Backend as _;
     let server = RedisServer::start();
     let options = ConnectOptions {
-        timeout: Duration::from_secs(5),
-        connect_timeout: Duration::from_secs(5),
         coalesce: false,
-        ..ConnectOptions::default()
+        ..patient()
     };
     let alone = RedisBackend::open(&server.url(), options).await.unwrap();
     let batched = batching(&server.url(), true).await;

@@ -174,11 +174,6 @@ impl HttpOptions {
         Some(client)
     }
 
-    /// `ip:<address>` for the key (IPv6 masked to the prefix), or `None`.
-    fn client_subject(&self, req: &HttpRequest) -> Option<String> {
-        self.client_ip(req).map(|ip| self.subject_of(ip))
-    }
-
     /// `ip:<address>` for the key of the client `ip` (IPv6 masked to the
     /// prefix).
     fn subject_of(&self, ip: IpAddr) -> String {
@@ -196,6 +191,17 @@ impl HttpOptions {
             }
         }
         subject
+    }
+
+    /// The key's subject for `by = ip` of the client `ip` (as
+    /// [`client_ip`](HttpOptions::client_ip) tells it); `Err` when there is
+    /// none and such requests are refused.
+    fn ip_subject(&self, ip: Option<IpAddr>) -> Result<String, ()> {
+        match ip {
+            Some(ip) => Ok(self.subject_of(ip)),
+            None if self.unknown_client == UnknownClient::Shared => Ok(":ip:unknown".to_owned()),
+            None => Err(()),
+        }
     }
 }
 
@@ -606,11 +612,7 @@ pub(crate) fn limiter_for(req: &HttpRequest) -> &RateLimiter {
 /// the client cannot be told and such requests are refused.
 pub(crate) fn ip_subject(limiter: &RateLimiter, req: &HttpRequest) -> Result<String, ()> {
     let options = limiter.http_options();
-    match options.client_subject(req) {
-        Some(subject) => Ok(subject),
-        None if options.unknown_client == UnknownClient::Shared => Ok(":ip:unknown".to_owned()),
-        None => Err(()),
-    }
+    options.ip_subject(options.client_ip(req))
 }
 
 /// The key's subject for `by = header("name")`: `:header:name:value` (empty
@@ -901,12 +903,9 @@ where
                     if ip.is_some_and(|ip| config.exempt_ips.contains(&ip)) {
                         return pass(req).await;
                     }
-                    match ip.map(|ip| options.subject_of(ip)) {
-                        Some(subject) => subject,
-                        None if options.unknown_client == UnknownClient::Shared => {
-                            ":ip:unknown".to_owned()
-                        }
-                        None => {
+                    match options.ip_subject(ip) {
+                        Ok(subject) => subject,
+                        Err(()) => {
                             let refusal = RateLimited::unknown_client(config.rule.count());
                             let response = refused(refusal, &[], req.request());
                             return Ok(req.into_response(response).map_into_right_body());
@@ -1079,6 +1078,11 @@ mod tests {
         );
     }
 
+    /// `ip:<address>` for the key of `req`'s client, or `None`.
+    fn client_subject(options: &HttpOptions, req: &HttpRequest) -> Option<String> {
+        options.client_ip(req).map(|ip| options.subject_of(ip))
+    }
+
     #[test]
     fn ipv6_clients_are_grouped_by_prefix() {
         let req = |peer: &str| {
@@ -1087,33 +1091,27 @@ mod tests {
                 .to_http_request()
         };
         let by_64 = HttpOptions::new();
-        let a = by_64
-            .client_subject(&req("[2001:db8:1:2:aaaa::1]:443"))
-            .unwrap();
-        let b = by_64
-            .client_subject(&req("[2001:db8:1:2:bbbb::9]:443"))
-            .unwrap();
-        let c = by_64.client_subject(&req("[2001:db8:1:3::1]:443")).unwrap();
+        let a = client_subject(&by_64, &req("[2001:db8:1:2:aaaa::1]:443")).unwrap();
+        let b = client_subject(&by_64, &req("[2001:db8:1:2:bbbb::9]:443")).unwrap();
+        let c = client_subject(&by_64, &req("[2001:db8:1:3::1]:443")).unwrap();
         assert_eq!(a, ":ip:2001:db8:1:2::/64");
         assert_eq!(a, b, "one /64, one budget");
         assert_ne!(a, c);
         let alone = HttpOptions::new().ipv6_prefix(128);
         assert_ne!(
-            alone.client_subject(&req("[2001:db8:1:2:aaaa::1]:443")),
-            alone.client_subject(&req("[2001:db8:1:2:bbbb::9]:443"))
+            client_subject(&alone, &req("[2001:db8:1:2:aaaa::1]:443")),
+            client_subject(&alone, &req("[2001:db8:1:2:bbbb::9]:443"))
         );
         assert_eq!(
-            by_64
-                .client_subject(&req("[::ffff:198.51.100.7]:80"))
-                .unwrap(),
+            client_subject(&by_64, &req("[::ffff:198.51.100.7]:80")).unwrap(),
             ":ip:198.51.100.7"
         );
         assert_eq!(
-            by_64.client_subject(&req("198.51.100.7:80")).unwrap(),
+            client_subject(&by_64, &req("198.51.100.7:80")).unwrap(),
             ":ip:198.51.100.7"
         );
         let no_peer = actix_web::test::TestRequest::default().to_http_request();
-        assert_eq!(by_64.client_subject(&no_peer), None);
+        assert_eq!(client_subject(&by_64, &no_peer), None);
     }
 
     #[test]

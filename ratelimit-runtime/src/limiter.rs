@@ -898,7 +898,7 @@ mod tests {
 
     /// A custom backend with concurrency support: the units each lease
     /// holds, in a map.
-    #[derive(Debug, Default)]
+    #[derive(Debug)]
     struct Leases(Arc<Mutex<HashMap<u64, u64>>>);
 
     impl Backend for Leases {
@@ -940,15 +940,6 @@ mod tests {
         }
     }
 
-    /// A limiter on a [`Leases`] backend, and a view of what it holds.
-    fn custom(runtime: &tokio::runtime::Runtime) -> (RateLimiter, Arc<Mutex<HashMap<u64, u64>>>) {
-        let held = Arc::new(Mutex::new(HashMap::new()));
-        let limiter = runtime
-            .block_on(RateLimiter::builder().backend(Leases(held.clone())).build())
-            .unwrap();
-        (limiter, held)
-    }
-
     /// A dropped permit gives a custom backend's lease back from a task on
     /// the current runtime, with or without the `redis` feature; released
     /// explicitly, at once; dropped where no runtime runs, it is left held
@@ -958,7 +949,10 @@ mod tests {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let (limiter, held) = custom(&runtime);
+        let held = Arc::new(Mutex::new(HashMap::new()));
+        let limiter = runtime
+            .block_on(RateLimiter::builder().backend(Leases(held.clone())).build())
+            .unwrap();
         let rule = Rule::concurrency(2, Duration::from_secs(60));
         let units =
             |held: &Arc<Mutex<HashMap<u64, u64>>>| held.lock().unwrap().values().sum::<u64>();
