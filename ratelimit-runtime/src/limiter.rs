@@ -396,7 +396,8 @@ impl RateLimiter {
                         unchecked: false,
                     });
                 }
-                let sent = std::time::Instant::now();
+                // Only the cache needs the time the request left (no clock read otherwise).
+                let sent = cache.map(|_| std::time::Instant::now());
                 let answer = if !breaker.allow() {
                     Err(Error::backend(CircuitOpen))
                 } else if concurrency {
@@ -407,7 +408,7 @@ impl RateLimiter {
                 match answer {
                     Ok(decision) => {
                         breaker.succeeded();
-                        if let Some(cache) = cache {
+                        if let (Some(cache), Some(sent)) = (cache, sent) {
                             cache.remember(key, cost, &decision, sent);
                         }
                         (decision, false)
