@@ -2,6 +2,7 @@
 //! while Redis is unavailable.
 
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hashbrown::HashTable;
@@ -47,9 +48,9 @@ pub struct MemoryBackend {
 struct Inner {
     shards: Box<[Shard]>,
     /// The most keys one shard tracks (`max_keys / SHARDS`).
-    max_per_shard: usize,
+    max_per_shard: AtomicUsize,
     /// Set once the cap was reached (logged once).
-    capped: std::sync::atomic::AtomicBool,
+    capped: AtomicBool,
     /// Seeded per store: callers choose keys, so the hash must not be
     /// predictable (flooding one bucket).
     hasher: Hasher,
@@ -190,8 +191,8 @@ impl MemoryBackend {
         MemoryBackend {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-                max_per_shard: usize::MAX,
-                capped: std::sync::atomic::AtomicBool::new(false),
+                max_per_shard: AtomicUsize::new(usize::MAX),
+                capped: AtomicBool::new(false),
                 hasher: foldhash::fast::RandomState::default(),
                 clock,
             }),
@@ -203,15 +204,14 @@ impl MemoryBackend {
     /// it is still full, a new key's call is decided as the key's first call
     /// (so allowed) and the key is not tracked: the store fails open for
     /// unseen keys instead of growing or forgetting keys it tracks. Logged
-    /// once (`warn`). Call it before the store is shared.
+    /// once (`warn`). The cap is the store's: its clones (sharing it) have
+    /// it too. Keys it already tracks over a lowered cap stay until they
+    /// expire.
     pub fn with_max_keys(self, max_keys: usize) -> MemoryBackend {
-        let inner = Arc::try_unwrap(self.inner).expect("set the cap before sharing the store");
-        MemoryBackend {
-            inner: Arc::new(Inner {
-                max_per_shard: max_keys.div_ceil(SHARDS).max(1),
-                ..inner
-            }),
-        }
+        self.inner
+            .max_per_shard
+            .store(max_keys.div_ceil(SHARDS).max(1), Ordering::Relaxed);
+        self
     }
 
     /// Drops every expired key now and gives their memory back (the tables
@@ -280,10 +280,7 @@ impl MemoryBackend {
                         },
                     };
                     if !insert(&mut shard, hash, entry, now, &self.inner)
-                        && !self
-                            .inner
-                            .capped
-                            .swap(true, std::sync::atomic::Ordering::Relaxed)
+                        && !self.inner.capped.swap(true, Ordering::Relaxed)
                     {
                         tracing::warn!(
                             "the in-memory rate limiter tracks its maximum of keys; \
@@ -353,7 +350,10 @@ fn lock(shard: &Shard) -> MutexGuard<'_, ShardMap> {
 /// Stores a new key, unless the shard is at its cap even after dropping
 /// expired keys (then `false`).
 fn insert(shard: &mut ShardMap, hash: u64, entry: Entry, now: u64, inner: &Inner) -> bool {
-    let max = inner.max_per_shard.min(MAX_PER_SHARD);
+    let max = inner
+        .max_per_shard
+        .load(Ordering::Relaxed)
+        .min(MAX_PER_SHARD);
     if shard.len() >= shard.sweep_at.min(max) {
         sweep(shard, now, &inner.hasher);
     }
@@ -549,6 +549,19 @@ mod tests {
             assert!(!store.check_now(&r, key, 1).allowed, "{} bytes", key.len());
         }
         assert_eq!(store.len(), keys.len());
+    }
+
+    #[test]
+    fn a_cap_set_on_a_shared_store_holds_for_every_clone() {
+        let store = MemoryBackend::with_clock(ManualClock::new());
+        let shared = store.clone();
+        let store = store.with_max_keys(SHARDS); // about one key per shard
+        let rule = rule(1, 60_000);
+        for i in 0..10_000 {
+            shared.check_now(&rule, &format!("k{i}"), 1);
+        }
+        assert!(shared.len() <= SHARDS, "{} keys held", shared.len());
+        assert_eq!(store.len(), shared.len(), "one store");
     }
 
     #[test]
