@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use ratelimit_runtime::overrides::{self, RuleOverride};
-use ratelimit_runtime::{Error, RateLimited, RateLimiter, rate_limit};
+use ratelimit_runtime::{Error, RateLimit, RateLimited, RateLimiter, Rule, rate_limit};
 use ratelimit_workspace::{RedisServer, http};
 
 /// One recorder for this test binary (the facade's recorder is global).
@@ -239,6 +239,64 @@ fn bad_overrides_are_start_up_errors_that_say_which_and_why() {
     // All or nothing: a good entry next to a bad one is not applied.
     assert!(overrides::load_str("ops-from-env.count=7; no-such-rule.count=1").is_err());
     assert!(!overrides::rule_names().is_empty());
+}
+
+#[rate_limit(key = "ops-costly", count = 5, period = 60, cost = 3)]
+async fn costly() -> Result<(), RateLimited> {
+    Ok(())
+}
+
+#[test]
+fn an_override_under_a_calls_cost_is_refused_for_attribute_and_middleware() {
+    let _one_at_a_time = OVERRIDES.blocking_lock();
+    let count = |n| RuleOverride {
+        count: Some(n),
+        ..Default::default()
+    };
+    // A call of the attribute takes 3 units: a count of 2 would let none
+    // pass (each call would be let through unchecked), so it is refused.
+    let error = overrides::set("ops-costly", count(2))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("`ops-costly`") && error.contains("takes 3 units"),
+        "{error}"
+    );
+    assert!(overrides::load_str("ops-costly.count=2").is_err());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    overrides::set("ops-costly", count(3)).unwrap();
+    runtime.block_on(async {
+        assert!(costly().await.is_ok());
+        assert!(costly().await.is_err(), "3 of 3 units used");
+    });
+    overrides::clear("ops-costly");
+
+    // The middleware's cost, set after its name or before it.
+    let rule = Rule::fixed_window(5, Duration::from_secs(60));
+    let _named_first = RateLimit::new(rule).key("ops-mw-costly").cost(4);
+    let _cost_first = RateLimit::new(rule).cost(2).key("ops-mw-cost-first");
+    for (name, units) in [("ops-mw-costly", 4), ("ops-mw-cost-first", 2)] {
+        let error = overrides::set(name, count(units - 1))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(&format!("takes {units} units")), "{error}");
+        overrides::set(name, count(units)).unwrap();
+        overrides::clear(name);
+    }
+}
+
+#[test]
+#[should_panic(expected = "cost must be between 1 and the rule's capacity (5), not 6")]
+fn a_middleware_cost_over_the_rules_capacity_is_a_start_up_panic() {
+    let _ = RateLimit::new(Rule::fixed_window(5, Duration::from_secs(60))).cost(6);
+}
+
+#[test]
+#[should_panic(expected = "cost must be between 1 and the rule's capacity (5), not 0")]
+fn a_middleware_cost_of_zero_is_a_start_up_panic() {
+    let _ = RateLimit::new(Rule::fixed_window(5, Duration::from_secs(60))).cost(0);
 }
 
 #[rate_limit(key = "user:{name}", count = 1, period = 60, limiter = "hostile")]

@@ -745,7 +745,7 @@ impl RateLimit {
     /// One budget for all requests under `rule`, under the key `limiter:http`
     /// (set another with [`key`](RateLimit::key)).
     pub fn new(rule: Rule) -> RateLimit {
-        crate::overrides::register("http", rule);
+        crate::overrides::register("http", rule, 1);
         RateLimit {
             inner: Rc::new(Middleware {
                 rule,
@@ -769,7 +769,7 @@ impl RateLimit {
     /// The rule's name: the key is `limiter:<name>` plus the subject, and the
     /// rate-limit headers name the policy so.
     pub fn key(self, name: &'static str) -> RateLimit {
-        crate::overrides::register(name, self.inner.rule);
+        crate::overrides::register(name, self.inner.rule, self.inner.cost);
         self.with(|m| {
             m.name = name;
             m.key = format!("limiter:{name}");
@@ -802,7 +802,19 @@ impl RateLimit {
     }
 
     /// Units one request takes (default 1).
+    ///
+    /// # Panics
+    ///
+    /// If `cost` is 0 or over what the rule holds (its `count`, or `burst`
+    /// for `token_bucket` and `gcra`): no request could pass (a programming
+    /// error, caught at start-up).
     pub fn cost(self, cost: u64) -> RateLimit {
+        let capacity = self.inner.rule.capacity();
+        assert!(
+            (1..=capacity).contains(&cost),
+            "a request's cost must be between 1 and the rule's capacity ({capacity}), not {cost}"
+        );
+        crate::overrides::register(self.inner.name, self.inner.rule, cost);
         self.with(|m| m.cost = cost)
     }
 

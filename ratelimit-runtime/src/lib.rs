@@ -189,6 +189,11 @@ pub mod __private {
             &self.rule
         }
 
+        /// The units one call takes.
+        pub fn cost(&self) -> u64 {
+            self.cost
+        }
+
         fn limiter(&self) -> Option<&RateLimiter> {
             let Some(name) = self.limiter else {
                 return Some(RateLimiter::global());
@@ -341,8 +346,9 @@ pub mod __private {
                 site.record(Outcome::BackendError);
                 RateLimited::backend_unavailable(rule.count())
             }
-            // Costs are checked when the code is compiled; anything else is a
-            // bug of ours: let the call through rather than fail it.
+            // Costs are checked when the code is compiled (and overrides
+            // against them when set); anything else is a bug of ours: let the
+            // call through rather than fail it.
             Err(error) => {
                 tracing::error!(%error, key, "rate limiter failed; letting the call through");
                 return Ok(Permit::allowed_unchecked(rule));

@@ -20,8 +20,9 @@
 //! - from code, at any time: [`set`], [`clear`]; or by re-reading the file
 //!   while running: [`reload_toml`] (the file becomes the whole truth).
 //!
-//! An override naming no rule, or with a value the rule cannot take, is an
-//! [`Error::Config`] that says which and why, and changes nothing.
+//! An override naming no rule, or with a value the rule cannot take (a
+//! `count` or `burst` under the `cost` of a call), is an [`Error::Config`]
+//! that says which and why, and changes nothing.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,30 +46,36 @@ pub struct RuleOverride {
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 static TABLE: RwLock<Vec<(String, RuleOverride)>> = RwLock::new(Vec::new());
-/// Rules known by name besides the attribute's (middleware), with their rule.
-static REGISTERED: RwLock<Vec<(String, Rule)>> = RwLock::new(Vec::new());
+/// Rules known by name besides the attribute's (middleware): the rule, and
+/// the most units one request under that name takes.
+static REGISTERED: RwLock<Vec<(String, Rule, u64)>> = RwLock::new(Vec::new());
 
-/// Makes a rule known by name (the middleware does, when built).
+/// Makes a rule known by name (the middleware does, when built), with the
+/// units one request takes.
 #[cfg_attr(not(feature = "actix"), allow(dead_code))]
-pub(crate) fn register(name: &str, rule: Rule) {
+pub(crate) fn register(name: &str, rule: Rule, cost: u64) {
     let mut registered = REGISTERED.write().unwrap_or_else(PoisonError::into_inner);
-    if !registered.iter().any(|(n, _)| n == name) {
-        registered.push((name.to_owned(), rule));
+    match registered.iter_mut().find(|(n, ..)| n == name) {
+        Some((_, _, most)) => *most = (*most).max(cost),
+        None => registered.push((name.to_owned(), rule, cost)),
     }
 }
 
-/// The rule named `name` as written in the code.
-fn base_rule(name: &str) -> Option<Rule> {
+/// The rule named `name` as written in the code, and the most units one call
+/// under that name takes (several call sites may share a name).
+fn base_rule(name: &str) -> Option<(Rule, u64)> {
+    let mut found: Option<(Rule, u64)> = None;
     #[cfg(feature = "macros")]
-    if let Some(site) = crate::__private::SITES.iter().find(|s| s.name() == name) {
-        return Some(*site.rule());
+    for site in crate::__private::SITES.iter().filter(|s| s.name() == name) {
+        let (_, most) = found.get_or_insert((*site.rule(), 0));
+        *most = (*most).max(site.cost());
     }
-    REGISTERED
-        .read()
-        .unwrap_or_else(PoisonError::into_inner)
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, rule)| *rule)
+    let registered = REGISTERED.read().unwrap_or_else(PoisonError::into_inner);
+    for (_, rule, cost) in registered.iter().filter(|(n, ..)| n == name) {
+        let (_, most) = found.get_or_insert((*rule, 0));
+        *most = (*most).max(*cost);
+    }
+    found
 }
 
 /// The names of every rule an override can name.
@@ -81,7 +88,7 @@ pub fn rule_names() -> Vec<String> {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .map(|(n, _)| n.clone()),
+            .map(|(n, ..)| n.clone()),
     );
     names.into_iter().collect()
 }
@@ -109,20 +116,37 @@ fn apply(base: &Rule, change: &RuleOverride) -> Result<Rule, String> {
 ///
 /// # Errors
 ///
-/// [`Error::Config`] if no rule has that name or the values do not make a
-/// valid rule.
+/// [`Error::Config`] if no rule has that name, the values do not make a
+/// valid rule, or the rule would hold fewer units than a call under it takes
+/// (its `cost`).
 pub fn set(name: &str, change: RuleOverride) -> Result<(), Error> {
-    let base = base_rule(name).ok_or_else(|| {
+    check(name, &change)?;
+    let mut table = TABLE.write().unwrap_or_else(PoisonError::into_inner);
+    table.retain(|(n, _)| n != name);
+    table.push((name.to_owned(), change));
+    ACTIVE.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// Whether `change` makes a rule of `name` that its calls can pass: a rule
+/// by that name exists, the values make a valid rule, and it holds the
+/// units of its costliest call (one that could never pass would be let
+/// through unchecked).
+fn check(name: &str, change: &RuleOverride) -> Result<(), Error> {
+    let (base, cost) = base_rule(name).ok_or_else(|| {
         Error::Config(format!(
             "override for `{name}`: no rule has that name (rules: {})",
             rule_names().join(", ")
         ))
     })?;
-    apply(&base, &change).map_err(|why| Error::Config(format!("override for `{name}`: {why}")))?;
-    let mut table = TABLE.write().unwrap_or_else(PoisonError::into_inner);
-    table.retain(|(n, _)| n != name);
-    table.push((name.to_owned(), change));
-    ACTIVE.store(true, Ordering::Release);
+    let bad = |why: String| Error::Config(format!("override for `{name}`: {why}"));
+    let rule = apply(&base, change).map_err(bad)?;
+    if rule.capacity() < cost {
+        return Err(bad(format!(
+            "a call takes {cost} units, more than the {} the rule would hold, so none could pass",
+            rule.capacity()
+        )));
+    }
     Ok(())
 }
 
@@ -305,15 +329,7 @@ fn apply_all(changes: Vec<(String, RuleOverride)>) -> Result<usize, Error> {
 
 /// Checks every override: a bad one means none is applied.
 fn check_all(changes: &[(String, RuleOverride)]) -> Result<(), Error> {
-    for (name, change) in changes {
-        let base = base_rule(name).ok_or_else(|| {
-            Error::Config(format!(
-                "override for `{name}`: no rule has that name (rules: {})",
-                rule_names().join(", ")
-            ))
-        })?;
-        apply(&base, change)
-            .map_err(|why| Error::Config(format!("override for `{name}`: {why}")))?;
-    }
-    Ok(())
+    changes
+        .iter()
+        .try_for_each(|(name, change)| check(name, change))
 }
