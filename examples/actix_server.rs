@@ -17,6 +17,9 @@
 //!   Redis, shared by every instance; without it, in process memory.
 //! - `TRUSTED_PROXIES` (for example `10.0.0.0/8,127.0.0.1`): proxies whose
 //!   `Forwarded` / `X-Forwarded-For` / `X-Real-IP` headers name the client.
+//! - `CLIENT_HEADER` (`forwarded`, `x-forwarded-for` or `x-real-ip`): the one
+//!   header those proxies write; without it, whichever the request carries
+//!   (and the client is unknown if they disagree).
 //! - `RATELIMIT_HEADERS` (`draft`, the default; `legacy`, `both` or `none`):
 //!   which rate-limit header fields responses carry.
 //! - `RATELIMIT_OVERRIDES` (`"ip_limit_test.count=10; limitTest.shadow=true"`):
@@ -26,7 +29,9 @@
 //!   file is reported and changes nothing.
 
 use actix_web::{App, HttpResponse, HttpServer, Responder, get, web};
-use ratelimit_runtime::{HeaderStyle, HttpOptions, RateLimited, RateLimiter, rate_limit};
+use ratelimit_runtime::{
+    ClientHeader, HeaderStyle, HttpOptions, RateLimited, RateLimiter, rate_limit,
+};
 
 /// `limitTest`: 2 requests per second, for everyone.
 #[rate_limit(key = "limitTest", period = 1, count = 2)]
@@ -126,6 +131,18 @@ async fn main() -> std::io::Result<()> {
         http = http
             .trust_proxies(proxies.split(',').map(str::trim).filter(|p| !p.is_empty()))
             .map_err(std::io::Error::other)?;
+    }
+    if let Ok(header) = std::env::var("CLIENT_HEADER") {
+        http = http.client_header(match header.to_ascii_lowercase().as_str() {
+            "forwarded" => ClientHeader::Forwarded,
+            "x-forwarded-for" => ClientHeader::XForwardedFor,
+            "x-real-ip" => ClientHeader::XRealIp,
+            other => {
+                return Err(std::io::Error::other(format!(
+                    "CLIENT_HEADER={other:?}: expected forwarded, x-forwarded-for or x-real-ip"
+                )));
+            }
+        });
     }
     if let Ok(style) = std::env::var("RATELIMIT_HEADERS") {
         http = http.headers(match style.as_str() {

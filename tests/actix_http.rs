@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use actix_web::{App, HttpResponse, HttpServer, Responder, get, web};
 use ratelimit_runtime::{
-    HeaderStyle, HttpOptions, OnError, RateLimit, RateLimiter, Rule, UnknownClient, rate_limit,
+    ClientHeader, HeaderStyle, HttpOptions, OnError, RateLimit, RateLimiter, Rule, UnknownClient,
+    rate_limit,
 };
 use ratelimit_workspace::{HttpReply, RedisServer, http};
 
@@ -212,6 +213,42 @@ async fn behind_a_trusted_proxy_the_forwarded_client_counts() {
         .status,
         429
     );
+}
+
+#[actix_web::test]
+async fn a_client_cannot_pick_its_address_with_a_header_its_proxy_does_not_write() {
+    // The proxy at 127.0.0.1 appends the client it saw to X-Forwarded-For
+    // and passes other headers on as the client sent them.
+    let via_proxy = |addr, forwarded: Option<String>| async move {
+        let mut headers = vec![("x-forwarded-for", "198.51.100.7")];
+        if let Some(forwarded) = &forwarded {
+            headers.push(("forwarded", forwarded));
+        }
+        get_from(ONE, addr, "/limitTest3", &headers).await.status
+    };
+    // Any header: headers naming different clients make the client unknown
+    // (400); X-Forwarded-For only: the other header is ignored (429, the same
+    // exhausted client).
+    for (header, spoofed) in [(ClientHeader::Any, 400), (ClientHeader::XForwardedFor, 429)] {
+        let options = HttpOptions::new()
+            .client_header(header)
+            .trust_proxies(["127.0.0.1"])
+            .unwrap();
+        let limiter = RateLimiter::builder().http(options).build().await.unwrap();
+        let addr = serve(limiter);
+        for _ in 0..3 {
+            assert_eq!(via_proxy(addr, None).await, 200);
+        }
+        assert_eq!(via_proxy(addr, None).await, 429);
+        for n in 0..3 {
+            // A new address each time, in a header the proxy does not write.
+            let forwarded = Some(format!("for=203.0.113.{n}"));
+            assert_eq!(via_proxy(addr, forwarded).await, spoofed, "{header:?}");
+        }
+        // The same client named in both: it is that client.
+        let both = Some("for=198.51.100.7".to_owned());
+        assert_eq!(via_proxy(addr, both).await, 429, "{header:?}");
+    }
 }
 
 #[actix_web::test]

@@ -2,10 +2,11 @@
 //! response looks like, and the [`RateLimit`] middleware.
 //!
 //! - Client identity: the TCP peer address, unless the peer is a trusted
-//!   proxy ([`HttpOptions::trust_proxies`]); then `Forwarded`,
-//!   `X-Forwarded-For` or `X-Real-IP` are read from the right, and the
-//!   right-most address that is not a trusted proxy is the client. IPv6
-//!   clients are grouped by prefix (/64 by default).
+//!   proxy ([`HttpOptions::trust_proxies`]); then the forwarding header the
+//!   proxies write ([`ClientHeader`]: `Forwarded`, `X-Forwarded-For` or
+//!   `X-Real-IP`) is read from the right, and the right-most address that is
+//!   not a trusted proxy is the client. IPv6 clients are grouped by prefix
+//!   (/64 by default).
 //! - Responses: a refused call answers `429 Too Many Requests` with
 //!   `Retry-After` (whole seconds, rounded up); `503` when the backend failed
 //!   under the `deny` policy; `400` when a per-client rule cannot tell who the
@@ -49,9 +50,31 @@ use crate::{Cause, Decision, Error, OnError, RateLimited, RateLimiter, Rule};
 pub struct HttpOptions {
     trusted: Vec<Cidr>,
     ipv6_prefix: u8,
+    client_header: ClientHeader,
     unknown_client: UnknownClient,
     headers: HeaderStyle,
     json: bool,
+}
+
+/// Which forwarding header names the client when the peer is a trusted
+/// proxy. A header the proxies do not write reaches the app as the client
+/// sent it; set the one they write, and the others are ignored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClientHeader {
+    /// Whichever of `Forwarded`, `X-Forwarded-For` and `X-Real-IP` the
+    /// request carries (the default). If those it carries name different
+    /// clients, the client cannot be told (see [`UnknownClient`]): a client
+    /// that adds a header its proxy does not write cannot pick its own
+    /// address. A header whose every hop is a trusted proxy names no client.
+    #[default]
+    Any,
+    /// `Forwarded` (RFC 7239) only.
+    Forwarded,
+    /// `X-Forwarded-For` only.
+    XForwardedFor,
+    /// `X-Real-IP` only.
+    XRealIp,
 }
 
 /// Which rate-limit header fields limited responses carry.
@@ -88,6 +111,7 @@ impl Default for HttpOptions {
         HttpOptions {
             trusted: Vec::new(),
             ipv6_prefix: 64,
+            client_header: ClientHeader::Any,
             unknown_client: UnknownClient::Reject,
             headers: HeaderStyle::Draft,
             json: false,
@@ -117,6 +141,15 @@ impl HttpOptions {
                 .push(Cidr::parse(proxy).map_err(Error::Config)?);
         }
         Ok(self)
+    }
+
+    /// The forwarding header that names the client behind a trusted proxy
+    /// (default [`ClientHeader::Any`]). Set the one your proxies write:
+    /// nginx's `$proxy_add_x_forwarded_for` and most load balancers write
+    /// `X-Forwarded-For`.
+    pub fn client_header(mut self, header: ClientHeader) -> HttpOptions {
+        self.client_header = header;
+        self
     }
 
     /// Groups IPv6 clients by this prefix length (default 64: one budget per
@@ -159,19 +192,54 @@ impl HttpOptions {
     }
 
     fn resolve(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<IpAddr> {
-        let mut client = canonical(peer?);
-        if !self.trusted(client) {
-            return Some(client);
+        let peer = canonical(peer?);
+        if !self.trusted(peer) {
+            return Some(peer);
         }
-        for hop in forwarded_hops(headers).iter().rev() {
+        let only = match self.client_header {
+            ClientHeader::Any => None,
+            ClientHeader::Forwarded => Some(Forwarding::Forwarded),
+            ClientHeader::XForwardedFor => Some(Forwarding::XForwardedFor),
+            ClientHeader::XRealIp => Some(Forwarding::XRealIp),
+        };
+        if let Some(header) = only {
+            return match self.behind(&hops(headers, header))? {
+                Named::Client(ip) => Some(ip),
+                // Every hop is a trusted proxy: the left-most is the best we know.
+                Named::Proxy(ip) => Some(ip),
+                Named::Nobody => Some(peer),
+            };
+        }
+        // Any: the headers the request has must agree on the client.
+        let mut client = None;
+        let mut best_proxy = None;
+        for header in [
+            Forwarding::Forwarded,
+            Forwarding::XForwardedFor,
+            Forwarding::XRealIp,
+        ] {
+            match self.behind(&hops(headers, header))? {
+                Named::Client(ip) if client.is_some_and(|c| c != ip) => return None,
+                Named::Client(ip) => client = Some(ip),
+                Named::Proxy(ip) => best_proxy = best_proxy.or(Some(ip)),
+                Named::Nobody => {}
+            }
+        }
+        client.or(best_proxy).or(Some(peer))
+    }
+
+    /// What a chain of hops (client first) says: the right-most hop that is
+    /// not a trusted proxy; `None` when a hop on the way is not an address.
+    fn behind(&self, hops: &[Option<IpAddr>]) -> Option<Named> {
+        let mut named = Named::Nobody;
+        for hop in hops.iter().rev() {
             let hop = canonical((*hop)?);
             if !self.trusted(hop) {
-                return Some(hop);
+                return Some(Named::Client(hop));
             }
-            client = hop;
+            named = Named::Proxy(hop);
         }
-        // Every hop is a trusted proxy: the left-most is the best we know.
-        Some(client)
+        Some(named)
     }
 
     /// `ip:<address>` for the key of the client `ip` (IPv6 masked to the
@@ -213,36 +281,50 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// The forwarding chain, client first: from `Forwarded` if present, else
-/// `X-Forwarded-For`, else `X-Real-IP`. `None` marks a hop that is not an
-/// address (`unknown`, an obfuscated name, garbage).
-fn forwarded_hops(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
-    let forwarded: Vec<Option<IpAddr>> = headers
-        .get_all("forwarded")
-        .flat_map(|value| split_list(value))
-        .map(|element| {
-            element
-                .split(';')
-                .filter_map(|pair| pair.split_once('='))
-                .find(|(name, _)| name.trim().eq_ignore_ascii_case("for"))
-                .and_then(|(_, value)| parse_node(value))
-        })
-        .collect();
-    if !forwarded.is_empty() {
-        return forwarded;
+/// What a forwarding header names.
+enum Named {
+    /// The right-most hop that is not a trusted proxy.
+    Client(IpAddr),
+    /// Only trusted proxies: the left-most of them.
+    Proxy(IpAddr),
+    /// No hop (the header is absent).
+    Nobody,
+}
+
+/// The forwarding headers.
+#[derive(Clone, Copy)]
+enum Forwarding {
+    Forwarded,
+    XForwardedFor,
+    XRealIp,
+}
+
+/// The forwarding chain a header carries, client first (empty when the
+/// request lacks it). `None` marks a hop that is not an address (`unknown`,
+/// an obfuscated name, garbage).
+fn hops(headers: &HeaderMap, header: Forwarding) -> Vec<Option<IpAddr>> {
+    match header {
+        Forwarding::Forwarded => headers
+            .get_all("forwarded")
+            .flat_map(|value| split_list(value))
+            .map(|element| {
+                element
+                    .split(';')
+                    .filter_map(|pair| pair.split_once('='))
+                    .find(|(name, _)| name.trim().eq_ignore_ascii_case("for"))
+                    .and_then(|(_, value)| parse_node(value))
+            })
+            .collect(),
+        Forwarding::XForwardedFor => headers
+            .get_all("x-forwarded-for")
+            .flat_map(|value| split_list(value))
+            .map(parse_node)
+            .collect(),
+        Forwarding::XRealIp => headers
+            .get("x-real-ip")
+            .map(|value| vec![value.to_str().ok().and_then(parse_node)])
+            .unwrap_or_default(),
     }
-    let forwarded_for: Vec<Option<IpAddr>> = headers
-        .get_all("x-forwarded-for")
-        .flat_map(|value| split_list(value))
-        .map(parse_node)
-        .collect();
-    if !forwarded_for.is_empty() {
-        return forwarded_for;
-    }
-    headers
-        .get("x-real-ip")
-        .map(|value| vec![value.to_str().ok().and_then(parse_node)])
-        .unwrap_or_default()
 }
 
 fn split_list(value: &HeaderValue) -> Vec<&str> {
@@ -1019,14 +1101,11 @@ mod tests {
         // right-most untrusted hop wins.
         let chain = headers(&[("x-forwarded-for", "1.1.1.1, 203.0.113.7, 10.0.0.5")]);
         assert_eq!(proxied.resolve(ip("10.0.0.2"), &chain), ip("203.0.113.7"));
-        // Forwarded (RFC 7239) comes first, with quotes, ports and IPv6.
-        let forwarded = headers(&[
-            (
-                "forwarded",
-                "for=1.1.1.1, for=\"[2001:db8::17]:4711\";proto=https",
-            ),
-            ("x-forwarded-for", "5.5.5.5"),
-        ]);
+        // Forwarded (RFC 7239), with quotes, ports and IPv6.
+        let forwarded = headers(&[(
+            "forwarded",
+            "for=1.1.1.1, for=\"[2001:db8::17]:4711\";proto=https",
+        )]);
         assert_eq!(
             proxied.resolve(ip("10.0.0.2"), &forwarded),
             ip("2001:db8::17")
@@ -1035,6 +1114,45 @@ mod tests {
             proxied.resolve(ip("10.0.0.2"), &headers(&[("x-real-ip", "198.51.100.4")])),
             ip("198.51.100.4")
         );
+        // Several headers that agree (nginx's X-Real-IP and X-Forwarded-For):
+        // that client. One whose hops are all trusted proxies names nobody.
+        let agreeing = headers(&[
+            ("x-forwarded-for", "1.1.1.1, 203.0.113.7"),
+            ("x-real-ip", "203.0.113.7"),
+        ]);
+        assert_eq!(
+            proxied.resolve(ip("10.0.0.2"), &agreeing),
+            ip("203.0.113.7")
+        );
+        let behind_two = headers(&[
+            ("x-forwarded-for", "198.51.100.9, 10.0.0.7"),
+            ("x-real-ip", "10.0.0.7"),
+        ]);
+        assert_eq!(
+            proxied.resolve(ip("10.0.0.2"), &behind_two),
+            ip("198.51.100.9")
+        );
+        // Headers that name different clients: one of them is the client's
+        // own (its proxy passed it on), so the client cannot be told...
+        let disagreeing = headers(&[
+            ("forwarded", "for=5.5.5.5"),
+            ("x-forwarded-for", "203.0.113.7"),
+        ]);
+        assert_eq!(proxied.resolve(ip("10.0.0.2"), &disagreeing), None);
+        // ...unless the options name the header the proxies write.
+        for (header, client) in [
+            (ClientHeader::XForwardedFor, ip("203.0.113.7")),
+            (ClientHeader::Forwarded, ip("5.5.5.5")),
+            // Absent: the proxy itself is the client.
+            (ClientHeader::XRealIp, ip("10.0.0.2")),
+        ] {
+            let pinned = proxied.clone().client_header(header);
+            assert_eq!(
+                pinned.resolve(ip("10.0.0.2"), &disagreeing),
+                client,
+                "{header:?}"
+            );
+        }
         // A hop that is not an address: the client cannot be told.
         let unknown = headers(&[("forwarded", "for=unknown")]);
         assert_eq!(proxied.resolve(ip("10.0.0.2"), &unknown), None);

@@ -93,7 +93,9 @@ pub use limiter::{Permit, RateLimiter, RateLimiterBuilder};
 pub use rule::{Algorithm, Rule};
 
 #[cfg(feature = "actix")]
-pub use actix::{HeaderStyle, HttpOptions, RateLimit, RateLimitService, UnknownClient};
+pub use actix::{
+    ClientHeader, HeaderStyle, HttpOptions, RateLimit, RateLimitService, UnknownClient,
+};
 
 #[cfg(feature = "macros")]
 #[doc(inline)]
