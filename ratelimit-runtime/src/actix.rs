@@ -219,7 +219,10 @@ impl HttpOptions {
             Forwarding::XRealIp,
         ] {
             match self.behind(&hops(headers, header))? {
-                Named::Client(ip) if client.is_some_and(|c| c != ip) => return None,
+                Named::Client(ip) if client.is_some_and(|c| c != ip) => {
+                    disagreeing_headers_seen();
+                    return None;
+                }
                 Named::Client(ip) => client = Some(ip),
                 Named::Proxy(ip) => best_proxy = best_proxy.or(Some(ip)),
                 Named::Nobody => {}
@@ -278,6 +281,19 @@ fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
+    }
+}
+
+/// Logs, once per process, that forwarding headers named different clients.
+#[cold]
+fn disagreeing_headers_seen() {
+    static SEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SEEN.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "a request's forwarding headers name different clients, so its client is unknown \
+             (logged once); if your proxies write one of them, name it with \
+             HttpOptions::client_header and the others are ignored"
+        );
     }
 }
 
