@@ -1117,45 +1117,57 @@ mod tests {
         // right-most untrusted hop wins.
         let chain = headers(&[("x-forwarded-for", "1.1.1.1, 203.0.113.7, 10.0.0.5")]);
         assert_eq!(proxied.resolve(ip("10.0.0.2"), &chain), ip("203.0.113.7"));
-        // Forwarded (RFC 7239), with quotes, ports and IPv6.
-        let forwarded = headers(&[(
-            "forwarded",
-            "for=1.1.1.1, for=\"[2001:db8::17]:4711\";proto=https",
-        )]);
-        assert_eq!(
-            proxied.resolve(ip("10.0.0.2"), &forwarded),
-            ip("2001:db8::17")
-        );
-        assert_eq!(
-            proxied.resolve(ip("10.0.0.2"), &headers(&[("x-real-ip", "198.51.100.4")])),
-            ip("198.51.100.4")
-        );
-        // Several headers that agree (nginx's X-Real-IP and X-Forwarded-For):
-        // that client. One whose hops are all trusted proxies names nobody.
-        let agreeing = headers(&[
-            ("x-forwarded-for", "1.1.1.1, 203.0.113.7"),
-            ("x-real-ip", "203.0.113.7"),
-        ]);
-        assert_eq!(
-            proxied.resolve(ip("10.0.0.2"), &agreeing),
-            ip("203.0.113.7")
-        );
-        let behind_two = headers(&[
-            ("x-forwarded-for", "198.51.100.9, 10.0.0.7"),
-            ("x-real-ip", "10.0.0.7"),
-        ]);
-        assert_eq!(
-            proxied.resolve(ip("10.0.0.2"), &behind_two),
-            ip("198.51.100.9")
-        );
-        // Headers that name different clients: one of them is the client's
-        // own (its proxy passed it on), so the client cannot be told...
-        let disagreeing = headers(&[
-            ("forwarded", "for=5.5.5.5"),
-            ("x-forwarded-for", "203.0.113.7"),
-        ]);
-        assert_eq!(proxied.resolve(ip("10.0.0.2"), &disagreeing), None);
-        // ...unless the options name the header the proxies write.
+        // What the headers a request carries name, read with the default
+        // (`ClientHeader::Any`).
+        type Headers<'a> = &'a [(&'a str, &'a str)];
+        let cases: [(Headers<'_>, Option<IpAddr>); 6] = [
+            // Forwarded (RFC 7239), with quotes, ports and IPv6.
+            (
+                &[(
+                    "forwarded",
+                    "for=1.1.1.1, for=\"[2001:db8::17]:4711\";proto=https",
+                )],
+                ip("2001:db8::17"),
+            ),
+            (&[("x-real-ip", "198.51.100.4")], ip("198.51.100.4")),
+            // Several that agree (nginx's X-Real-IP and X-Forwarded-For).
+            (
+                &[
+                    ("x-forwarded-for", "1.1.1.1, 203.0.113.7"),
+                    ("x-real-ip", "203.0.113.7"),
+                ],
+                ip("203.0.113.7"),
+            ),
+            // One whose hops are all trusted proxies names nobody.
+            (
+                &[
+                    ("x-forwarded-for", "198.51.100.9, 10.0.0.7"),
+                    ("x-real-ip", "10.0.0.7"),
+                ],
+                ip("198.51.100.9"),
+            ),
+            // Headers that name different clients: one of them is the
+            // client's own (its proxy passed it on), so it cannot be told...
+            (
+                &[
+                    ("forwarded", "for=5.5.5.5"),
+                    ("x-forwarded-for", "203.0.113.7"),
+                ],
+                None,
+            ),
+            // ...nor from a hop that is not an address.
+            (&[("forwarded", "for=unknown")], None),
+        ];
+        for (pairs, client) in cases {
+            assert_eq!(
+                proxied.resolve(ip("10.0.0.2"), &headers(pairs)),
+                client,
+                "{pairs:?}"
+            );
+        }
+        // Headers that disagree name one client once the options say which
+        // header the proxies write.
+        let disagreeing = headers(cases[4].0);
         for (header, client) in [
             (ClientHeader::XForwardedFor, ip("203.0.113.7")),
             (ClientHeader::Forwarded, ip("5.5.5.5")),
@@ -1169,9 +1181,6 @@ mod tests {
                 "{header:?}"
             );
         }
-        // A hop that is not an address: the client cannot be told.
-        let unknown = headers(&[("forwarded", "for=unknown")]);
-        assert_eq!(proxied.resolve(ip("10.0.0.2"), &unknown), None);
         assert_eq!(proxied.resolve(None, &spoofed), None);
     }
 
