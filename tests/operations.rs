@@ -429,3 +429,35 @@ async fn headers_state_the_overridden_rule() {
         "back to the rule as written"
     );
 }
+
+#[actix_web::test]
+async fn a_middleware_built_before_the_server_takes_overrides_loaded_at_start_up() {
+    let _one_at_a_time = OVERRIDES.lock().await;
+    // Built once, before the overrides are loaded (so its name is known),
+    // and cloned into the app factory: it is Send and Sync.
+    let limit = RateLimit::new(Rule::fixed_window(2, Duration::from_secs(60))).key("ops-mw-early");
+    overrides::load_str("ops-mw-early.count = 4").unwrap();
+    let limiter = RateLimiter::in_memory(); // one store for both workers
+    let server = actix_web::HttpServer::new(move || {
+        actix_web::App::new()
+            .app_data(limiter.clone())
+            .wrap(limit.clone())
+            .route("/", actix_web::web::get().to(|| async { "ok" }))
+    })
+    .workers(2)
+    .bind((Ipv4Addr::LOCALHOST, 0))
+    .unwrap();
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    let one = std::net::IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(http(one, addr, "GET", "/", &[]).await.unwrap().status);
+    }
+    overrides::clear("ops-mw-early");
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 429],
+        "the overridden count, 4"
+    );
+}

@@ -796,9 +796,13 @@ enum By {
 ///     .wrap(RateLimit::new(API).key("api").by_ip().exempt_path("/health"))
 ///     .route("/health", web::get().to(|| async { "ok" }));
 /// ```
+///
+/// A `RateLimit` is `Send` and `Sync`: build it once, before the server
+/// (so its name is known when overrides are loaded), and clone it into the
+/// app factory.
 #[derive(Clone)]
 pub struct RateLimit {
-    inner: Rc<Middleware>,
+    inner: Arc<Middleware>,
 }
 
 #[derive(Clone)]
@@ -845,7 +849,7 @@ impl RateLimit {
     pub fn new(rule: Rule) -> RateLimit {
         crate::overrides::register("http", rule, 1);
         RateLimit {
-            inner: Rc::new(Middleware {
+            inner: Arc::new(Middleware {
                 rule,
                 name: "http",
                 key: "limiter:http".to_owned(),
@@ -860,7 +864,7 @@ impl RateLimit {
     }
 
     fn with(mut self, change: impl FnOnce(&mut Middleware)) -> RateLimit {
-        change(Rc::make_mut(&mut self.inner));
+        change(Arc::make_mut(&mut self.inner));
         self
     }
 
@@ -962,7 +966,8 @@ where
     fn new_transform(&self, service: S) -> Self::Future {
         ready(Ok(RateLimitService {
             service: Rc::new(service),
-            config: Rc::clone(&self.inner),
+            // A copy per worker: requests share no reference count across threads.
+            config: Rc::new(Middleware::clone(&self.inner)),
         }))
     }
 }
