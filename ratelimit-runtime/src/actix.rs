@@ -196,34 +196,22 @@ impl HttpOptions {
         if !self.trusted(peer) {
             return Some(peer);
         }
-        let only = match self.client_header {
-            ClientHeader::Any => None,
-            ClientHeader::Forwarded => Some(Forwarding::Forwarded),
-            ClientHeader::XForwardedFor => Some(Forwarding::XForwardedFor),
-            ClientHeader::XRealIp => Some(Forwarding::XRealIp),
+        // The header the proxies write, or (Any) each one, which must then
+        // agree on the client.
+        let read = match &self.client_header {
+            ClientHeader::Any => &EACH_HEADER[..],
+            one => std::slice::from_ref(one),
         };
-        if let Some(header) = only {
-            return match self.behind(&hops(headers, header))? {
-                Named::Client(ip) => Some(ip),
-                // Every hop is a trusted proxy: the left-most is the best we know.
-                Named::Proxy(ip) => Some(ip),
-                Named::Nobody => Some(peer),
-            };
-        }
-        // Any: the headers the request has must agree on the client.
         let mut client = None;
         let mut best_proxy = None;
-        for header in [
-            Forwarding::Forwarded,
-            Forwarding::XForwardedFor,
-            Forwarding::XRealIp,
-        ] {
+        for &header in read {
             match self.behind(&hops(headers, header))? {
                 Named::Client(ip) if client.is_some_and(|c| c != ip) => {
                     disagreeing_headers_seen();
                     return None;
                 }
                 Named::Client(ip) => client = Some(ip),
+                // Every hop is a trusted proxy: the left-most is the best we know.
                 Named::Proxy(ip) => best_proxy = best_proxy.or(Some(ip)),
                 Named::Nobody => {}
             }
@@ -307,20 +295,19 @@ enum Named {
     Nobody,
 }
 
-/// The forwarding headers.
-#[derive(Clone, Copy)]
-enum Forwarding {
-    Forwarded,
-    XForwardedFor,
-    XRealIp,
-}
+/// Every forwarding header, in the order [`ClientHeader::Any`] reads them.
+const EACH_HEADER: [ClientHeader; 3] = [
+    ClientHeader::Forwarded,
+    ClientHeader::XForwardedFor,
+    ClientHeader::XRealIp,
+];
 
 /// The forwarding chain a header carries, client first (empty when the
 /// request lacks it). `None` marks a hop that is not an address (`unknown`,
 /// an obfuscated name, garbage).
-fn hops(headers: &HeaderMap, header: Forwarding) -> Vec<Option<IpAddr>> {
+fn hops(headers: &HeaderMap, header: ClientHeader) -> Vec<Option<IpAddr>> {
     match header {
-        Forwarding::Forwarded => headers
+        ClientHeader::Forwarded => headers
             .get_all("forwarded")
             .flat_map(|value| split_list(value))
             .map(|element| {
@@ -331,15 +318,17 @@ fn hops(headers: &HeaderMap, header: Forwarding) -> Vec<Option<IpAddr>> {
                     .and_then(|(_, value)| parse_node(value))
             })
             .collect(),
-        Forwarding::XForwardedFor => headers
+        ClientHeader::XForwardedFor => headers
             .get_all("x-forwarded-for")
             .flat_map(|value| split_list(value))
             .map(parse_node)
             .collect(),
-        Forwarding::XRealIp => headers
+        ClientHeader::XRealIp => headers
             .get("x-real-ip")
             .map(|value| vec![value.to_str().ok().and_then(parse_node)])
             .unwrap_or_default(),
+        // Not one header: read as each of EACH_HEADER.
+        ClientHeader::Any => Vec::new(),
     }
 }
 

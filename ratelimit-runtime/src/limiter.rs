@@ -396,8 +396,8 @@ impl RateLimiter {
                         unchecked: false,
                     });
                 }
-                // Only the cache needs the time the request left (no clock read otherwise).
-                let sent = cache.map(|_| std::time::Instant::now());
+                // The cache, with the time the request left (read only for it).
+                let remembering = cache.map(|cache| (cache, std::time::Instant::now()));
                 let answer = if !breaker.allow() {
                     Err(Error::backend(CircuitOpen))
                 } else if concurrency {
@@ -408,7 +408,7 @@ impl RateLimiter {
                 match answer {
                     Ok(decision) => {
                         breaker.succeeded();
-                        if let (Some(cache), Some(sent)) = (cache, sent) {
+                        if let Some((cache, sent)) = remembering {
                             cache.remember(key, cost, &decision, sent);
                         }
                         (decision, false)
