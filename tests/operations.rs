@@ -287,6 +287,57 @@ fn an_override_under_a_calls_cost_is_refused_for_attribute_and_middleware() {
     }
 }
 
+#[rate_limit(key = "ops-mixed", count = 10, period = 60, algorithm = gcra)]
+async fn mixed() -> Result<(), RateLimited> {
+    Ok(())
+}
+
+#[test]
+fn overrides_know_the_names_middleware_ends_with_and_every_rule_under_a_name() {
+    let _one_at_a_time = OVERRIDES.blocking_lock();
+    let rule = Rule::fixed_window(5, Duration::from_secs(60));
+    let count = RuleOverride {
+        count: Some(6),
+        ..Default::default()
+    };
+    // A builder renamed: the name it had is no rule's any more.
+    let _renamed = RateLimit::new(rule)
+        .key("ops-first-name")
+        .key("ops-last-name");
+    let names = overrides::rule_names();
+    assert!(names.iter().any(|n| n == "ops-last-name"), "{names:?}");
+    assert!(!names.iter().any(|n| n == "ops-first-name"), "{names:?}");
+    let error = overrides::set("ops-first-name", count)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("no rule has that name"), "{error}");
+
+    // A clone renamed: its source is still a middleware under its own name.
+    let template = RateLimit::new(rule).key("ops-template");
+    let _derived = template.clone().key("ops-derived");
+    for name in ["ops-template", "ops-derived"] {
+        overrides::set(name, count).unwrap();
+        overrides::clear(name);
+    }
+
+    // A name shared by a gcra call site and a fixed-window middleware: a
+    // burst is refused, as the fixed window cannot take one (it was checked
+    // against the first rule found alone, then dropped for the middleware).
+    let _shared = RateLimit::new(rule).key("ops-mixed");
+    let burst = RuleOverride {
+        burst: Some(4),
+        ..Default::default()
+    };
+    let error = overrides::set("ops-mixed", burst).unwrap_err().to_string();
+    assert!(error.contains("this rule is fixed_window"), "{error}");
+    overrides::set("ops-mixed", count).unwrap();
+    overrides::clear("ops-mixed");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    assert!(runtime.block_on(mixed()).is_ok());
+}
+
 #[test]
 #[should_panic(expected = "cost must be between 1 and the rule's capacity (5), not 6")]
 fn a_middleware_cost_over_the_rules_capacity_is_a_start_up_panic() {

@@ -852,6 +852,18 @@ impl RateLimit {
         }
     }
 
+    /// Makes the rule known to overrides under `name` with `cost`. This
+    /// value's registration so far is undone when nothing else holds it (a
+    /// builder renamed; not a clone's source, which keeps its own).
+    fn registered_as(mut self, name: &str, cost: u64) -> RateLimit {
+        let rule = self.inner.rule;
+        if Arc::get_mut(&mut self.inner).is_some() {
+            crate::overrides::unregister(self.inner.name, rule);
+        }
+        crate::overrides::register(name, rule, cost);
+        self
+    }
+
     fn with(mut self, change: impl FnOnce(&mut Middleware)) -> RateLimit {
         change(Arc::make_mut(&mut self.inner));
         self
@@ -860,8 +872,8 @@ impl RateLimit {
     /// The rule's name: the key is `limiter:<name>` plus the subject, and the
     /// rate-limit headers name the policy so.
     pub fn key(self, name: &'static str) -> RateLimit {
-        crate::overrides::register(name, self.inner.rule, self.inner.cost);
-        self.with(|m| {
+        let cost = self.inner.cost;
+        self.registered_as(name, cost).with(|m| {
             m.name = name;
             m.key = format!("limiter:{name}");
         })
@@ -905,8 +917,8 @@ impl RateLimit {
             (1..=capacity).contains(&cost),
             "a request's cost must be between 1 and the rule's capacity ({capacity}), not {cost}"
         );
-        crate::overrides::register(self.inner.name, self.inner.rule, cost);
-        self.with(|m| m.cost = cost)
+        let name = self.inner.name;
+        self.registered_as(name, cost).with(|m| m.cost = cost)
     }
 
     /// What to do when the backend fails (default: the limiter's setting).

@@ -23,7 +23,9 @@
 //!
 //! An override naming no rule, or with a value the rule cannot take (a
 //! `count` or `burst` under the `cost` of a call), is an [`Error::Config`]
-//! that says which and why, and changes nothing.
+//! that says which and why, and changes nothing. Where call sites and
+//! middleware share a name with different rules, the override applies to
+//! each and must suit every one.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,34 +49,72 @@ pub struct RuleOverride {
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 static TABLE: RwLock<Vec<(String, RuleOverride)>> = RwLock::new(Vec::new());
-/// Rules known by name besides the attribute's (middleware): the rule, and
-/// the most units one request under that name takes.
-static REGISTERED: RwLock<Vec<(String, Rule, u64)>> = RwLock::new(Vec::new());
+/// Rules known by name besides the attribute's (middleware).
+static REGISTERED: RwLock<Vec<Registered>> = RwLock::new(Vec::new());
+
+/// A rule under a name, as middleware built with it holds it.
+struct Registered {
+    name: String,
+    rule: Rule,
+    /// The most units one request under it takes.
+    cost: u64,
+    /// How many middleware values were built with it (and not renamed since).
+    holders: usize,
+}
 
 /// Makes a rule known by name (the middleware does, when built), with the
 /// units one request takes.
 #[cfg_attr(not(feature = "actix"), allow(dead_code))]
 pub(crate) fn register(name: &str, rule: Rule, cost: u64) {
     let mut registered = REGISTERED.write().unwrap_or_else(PoisonError::into_inner);
-    match registered.iter_mut().find(|(n, ..)| n == name) {
-        Some((_, _, most)) => *most = (*most).max(cost),
-        None => registered.push((name.to_owned(), rule, cost)),
+    match registered
+        .iter_mut()
+        .find(|r| r.name == name && r.rule == rule)
+    {
+        Some(r) => {
+            r.cost = r.cost.max(cost);
+            r.holders += 1;
+        }
+        None => registered.push(Registered {
+            name: name.to_owned(),
+            rule,
+            cost,
+            holders: 1,
+        }),
     }
 }
 
-/// The rule named `name` as written in the code, and the most units one call
-/// under that name takes (several call sites may share a name).
-fn base_rule(name: &str) -> Option<(Rule, u64)> {
-    let mut found: Option<(Rule, u64)> = None;
+/// Undoes one [`register`]: a middleware renamed, or registered again with
+/// another cost. A name no middleware holds any more is unknown again.
+#[cfg_attr(not(feature = "actix"), allow(dead_code))]
+pub(crate) fn unregister(name: &str, rule: Rule) {
+    let mut registered = REGISTERED.write().unwrap_or_else(PoisonError::into_inner);
+    if let Some(i) = registered
+        .iter()
+        .position(|r| r.name == name && r.rule == rule)
+    {
+        registered[i].holders -= 1;
+        if registered[i].holders == 0 {
+            registered.swap_remove(i);
+        }
+    }
+}
+
+/// Each rule written under `name` (call sites and middleware may share a
+/// name with different rules), with the most units one call under it takes.
+fn rules_named(name: &str) -> Vec<(Rule, u64)> {
+    let mut found: Vec<(Rule, u64)> = Vec::new();
+    let mut add = |rule: Rule, cost: u64| match found.iter_mut().find(|(r, _)| *r == rule) {
+        Some((_, most)) => *most = (*most).max(cost),
+        None => found.push((rule, cost)),
+    };
     #[cfg(feature = "macros")]
     for site in crate::__private::SITES.iter().filter(|s| s.name() == name) {
-        let (_, most) = found.get_or_insert((*site.rule(), 0));
-        *most = (*most).max(site.cost());
+        add(*site.rule(), site.cost());
     }
     let registered = REGISTERED.read().unwrap_or_else(PoisonError::into_inner);
-    for (_, rule, cost) in registered.iter().filter(|(n, ..)| n == name) {
-        let (_, most) = found.get_or_insert((*rule, 0));
-        *most = (*most).max(*cost);
+    for r in registered.iter().filter(|r| r.name == name) {
+        add(r.rule, r.cost);
     }
     found
 }
@@ -89,7 +129,7 @@ pub fn rule_names() -> Vec<String> {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .map(|(n, ..)| n.clone()),
+            .map(|r| r.name.clone()),
     );
     names.into_iter().collect()
 }
@@ -134,19 +174,22 @@ pub fn set(name: &str, change: RuleOverride) -> Result<(), Error> {
 /// units of its costliest call (one that could never pass would be let
 /// through unchecked).
 fn check(name: &str, change: &RuleOverride) -> Result<(), Error> {
-    let (base, cost) = base_rule(name).ok_or_else(|| {
-        Error::Config(format!(
+    let rules = rules_named(name);
+    if rules.is_empty() {
+        return Err(Error::Config(format!(
             "override for `{name}`: no rule has that name (rules: {})",
             rule_names().join(", ")
-        ))
-    })?;
-    let bad = |why: String| Error::Config(format!("override for `{name}`: {why}"));
-    let rule = apply(&base, change).map_err(bad)?;
-    if rule.capacity() < cost {
-        return Err(bad(format!(
-            "a call takes {cost} units, more than the {} the rule would hold, so none could pass",
-            rule.capacity()
         )));
+    }
+    let bad = |why: String| Error::Config(format!("override for `{name}`: {why}"));
+    for (base, cost) in rules {
+        let rule = apply(&base, change).map_err(bad)?;
+        if rule.capacity() < cost {
+            return Err(bad(format!(
+                "a call takes {cost} units, more than the {} the rule would hold, so none could pass",
+                rule.capacity()
+            )));
+        }
     }
     Ok(())
 }
