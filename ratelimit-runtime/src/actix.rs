@@ -73,7 +73,8 @@ pub enum ClientHeader {
     Forwarded,
     /// `X-Forwarded-For` only.
     XForwardedFor,
-    /// `X-Real-IP` only.
+    /// `X-Real-IP` only (several lines of it are read as a chain, the last
+    /// nearest, like `X-Forwarded-For`).
     XRealIp,
 }
 
@@ -323,10 +324,12 @@ fn hops(headers: &HeaderMap, header: ClientHeader) -> Vec<Option<IpAddr>> {
             .flat_map(|value| split_list(value))
             .map(parse_node)
             .collect(),
+        // One address a line; several lines (a proxy that adds its own
+        // instead of replacing the client's) are a chain, the last nearest.
         ClientHeader::XRealIp => headers
-            .get("x-real-ip")
-            .map(|value| vec![value.to_str().ok().and_then(parse_node)])
-            .unwrap_or_default(),
+            .get_all("x-real-ip")
+            .map(|value| value.to_str().ok().and_then(parse_node))
+            .collect(),
         // Not one header: read as each of EACH_HEADER.
         ClientHeader::Any => Vec::new(),
     }
@@ -1170,6 +1173,19 @@ mod tests {
                 client,
                 "{pairs:?}"
             );
+        }
+        // A client's own X-Real-IP, passed on by a proxy that adds its line
+        // rather than replacing it, is not the client.
+        let added = headers(&[
+            ("x-real-ip", "5.5.5.5"),
+            ("x-real-ip", "203.0.113.7"),
+            ("x-forwarded-for", "203.0.113.7"),
+        ]);
+        for options in [
+            &proxied,
+            &proxied.clone().client_header(ClientHeader::XRealIp),
+        ] {
+            assert_eq!(options.resolve(ip("10.0.0.2"), &added), ip("203.0.113.7"));
         }
         // Headers that disagree name one client once the options say which
         // header the proxies write.
