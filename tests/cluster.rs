@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::{Subject, count_pass_then_refused_then_budget_returns, same_decisions};
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
-use ratelimit_runtime::{Algorithm, Backend, RateLimiter, Rule};
+use ratelimit_runtime::{Algorithm, Backend, OnError, RateLimiter, Rule};
 use ratelimit_workspace::RedisCluster;
 
 async fn cluster_backend(cluster: &RedisCluster) -> RedisBackend {
@@ -123,4 +123,19 @@ async fn the_limiter_follows_a_master_failover() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A cluster connection made on a runtime that then ended is made again on
+/// the runtime that checks (it failed every call from then on).
+#[test]
+fn a_cluster_limiter_outlives_the_runtime_it_was_built_on() {
+    let cluster = RedisCluster::start();
+    let builder = RateLimiter::builder()
+        .redis_cluster(cluster.urls())
+        .timeout(Duration::from_secs(2))
+        .probe_interval(Duration::from_millis(100))
+        .on_backend_error(OnError::Deny);
+    let rounds = common::rounds_until_it_outlives_its_runtime(builder, "limiter:outlived:");
+    assert!(rounds <= 3, "took {rounds} rounds");
+    assert_eq!(cluster.keys_with_pttl("limiter:outlived:*").len(), 32);
 }

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use ratelimit_runtime::{Error, OnError, RateLimiter, Rule};
 use ratelimit_workspace::RedisServer;
 
+mod common;
+
 const DEADLINE: Duration = Duration::from_millis(100);
 
 async fn limiter(url: String, on_error: OnError) -> RateLimiter {
@@ -335,4 +337,22 @@ async fn the_over_limit_cache_refuses_locally_until_the_time_redis_named() {
     tokio::time::sleep(refused.retry_after + Duration::from_millis(20)).await;
     assert!(limiter.check(&rule, "limiter:flood").await.unwrap().allowed);
     assert_eq!(script_calls(&server), before + 2);
+}
+
+/// A limiter built on a runtime that then ends: the task that sends batched
+/// checks ended with it, and the checks that waited for a batch failed from
+/// then on. It starts again on the runtime that checks.
+#[test]
+fn a_limiter_outlives_the_runtime_it_was_built_on() {
+    let server = RedisServer::start();
+    let builder = RateLimiter::builder()
+        .redis(server.url())
+        .timeout(DEADLINE)
+        .probe_interval(Duration::from_millis(100))
+        .on_backend_error(OnError::Deny);
+    let rounds = common::rounds_until_it_outlives_its_runtime(builder, "limiter:outlived:");
+    assert!(rounds <= 3, "took {rounds} rounds");
+    for i in 0..32 {
+        assert!(exists(&server, &format!("limiter:outlived:{i}")), "key {i}");
+    }
 }

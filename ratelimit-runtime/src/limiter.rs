@@ -805,6 +805,12 @@ impl RateLimiterBuilder {
 
     /// Builds the limiter, connecting to Redis if one was chosen.
     ///
+    /// With Redis, the connection runs on the current Tokio runtime. If that
+    /// runtime ends while the limiter is still used, the connection is made
+    /// again on the runtime that checks; one that lives on without being
+    /// driven (a current-thread runtime outside `block_on`) leaves the
+    /// limiter's checks timing out.
+    ///
     /// # Errors
     ///
     /// [`Error::Config`] for a malformed Redis URL, [`Error::Backend`] if

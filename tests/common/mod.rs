@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use ratelimit_runtime::backend::memory::MemoryBackend;
 use ratelimit_runtime::backend::redis::RedisBackend;
-use ratelimit_runtime::{Algorithm, Backend, Decision, ManualClock, RateLimiter, Rule};
+use ratelimit_runtime::{
+    Algorithm, Backend, Decision, ManualClock, RateLimiter, RateLimiterBuilder, Rule,
+};
 use ratelimit_workspace::{RedisCluster, RedisServer};
 
 /// 2023-11-14 in µs since the Unix epoch: sixteen digits, as Redis' TIME.
@@ -241,4 +243,44 @@ pub async fn count_pass_then_refused_then_budget_returns(subject: &Subject, algo
     if let Some(server) = &subject.server {
         server.assert_all_keys_expire("limiter:*");
     }
+}
+
+/// Builds a limiter on a runtime that then ends (a start-up runtime, or one
+/// `#[tokio::test]` whose limiter the next one uses) and checks it from a new
+/// one: rounds of 32 checks at once (on one server most wait for a batch),
+/// keys `<prefix>0` to `<prefix>31`, until a round passes whole. Answers how
+/// many rounds that took; panics if none of 20 did. The first check after
+/// the runtime ended may fail (its connection is made again).
+pub fn rounds_until_it_outlives_its_runtime(builder: RateLimiterBuilder, prefix: &str) -> usize {
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let limiter = first.block_on(builder.build()).unwrap();
+    drop(first);
+    let second = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let rule = Rule::fixed_window(1_000_000, Duration::from_secs(60));
+    second.block_on(async {
+        for round in 1..=20 {
+            let checks: Vec<_> = (0..32)
+                .map(|i| {
+                    let (limiter, key) = (limiter.clone(), format!("{prefix}{i}"));
+                    tokio::spawn(async move { limiter.check(&rule, &key).await })
+                })
+                .collect();
+            let mut failed = 0;
+            for check in checks {
+                failed += usize::from(check.await.unwrap().is_err());
+            }
+            if failed == 0 {
+                return round;
+            }
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        panic!("no round of checks passed whole after the runtime it was built on ended");
+    })
 }

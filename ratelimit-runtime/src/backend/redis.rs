@@ -7,15 +7,15 @@
 
 use std::fmt;
 use std::ops::Deref;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
-use tokio::sync::{OnceCell, Semaphore, mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::Backend;
 use crate::algorithm::Outcome;
@@ -53,6 +53,8 @@ pub struct RedisBackend {
     timeout: Duration,
     /// The queue of the task that sends coalesced checks (single server).
     queue: Option<mpsc::UnboundedSender<Job>>,
+    /// That task, started again if the runtime it ran on has ended.
+    batching: Option<Arc<Batching>>,
     /// Script calls on their way (checks sent alone, and batches).
     busy: Arc<AtomicUsize>,
     /// Queue every check, even when nothing is on its way (tests).
@@ -78,7 +80,10 @@ impl<T: Deref<Target = AtomicUsize>> Drop for Busy<T> {
 /// Where to connect, and the connection once made.
 struct Conn {
     target: Target,
-    live: OnceCell<Live>,
+    /// The connection, once made (made again after [`Conn::forget`]).
+    live: std::sync::RwLock<Option<Live>>,
+    /// Held while connecting: one attempt at a time.
+    connecting: tokio::sync::Mutex<()>,
     timeout: Duration,
     connect_timeout: Duration,
     /// Whether to load the batch script as a function library (asked for,
@@ -146,43 +151,70 @@ impl Conn {
     /// The connection, made now if it was not yet (one attempt, bounded by
     /// the connect timeout).
     async fn get(&self, scripts: &Scripts) -> Result<Live, Error> {
-        if let Some(live) = self.live.get() {
-            return Ok(live.clone());
+        if let Some(live) = self.current() {
+            return Ok(live);
         }
         // Boxed: connecting is rare and its future is large; inline, it would
         // make every check's future (and every move of it) kilobytes bigger.
-        let connect = Box::pin(self.live.get_or_try_init(|| async {
-            let mut live = match &self.target {
-                Target::Single(client) => {
-                    let config = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(self.connect_timeout))
-                        .set_response_timeout(Some(self.timeout))
-                        .set_number_of_retries(2)
-                        .set_max_delay(Duration::from_secs(1));
-                    Live::Single(client.get_connection_manager_with_config(config).await?)
-                }
-                Target::Cluster(client) => Live::Cluster(client.get_async_connection().await?),
-            };
-            for script in scripts.all() {
-                live.load(script).await?;
+        let connect = Box::pin(async {
+            let _one_attempt = self.connecting.lock().await;
+            if let Some(live) = self.current() {
+                return Ok(live);
             }
-            if self.try_functions {
-                // Redis before 7, or a user whose ACL denies FUNCTION: the
-                // batch script goes by EVALSHA.
-                match live.load_library(&scripts.library).await {
-                    Ok(()) => self.functions.store(true, Ordering::Relaxed),
-                    Err(error) => {
-                        tracing::debug!(%error, "no function library; batches go by EVALSHA")
-                    }
-                }
-            }
+            let live = self.connect(scripts).await?;
+            *self.live.write().unwrap_or_else(PoisonError::into_inner) = Some(live.clone());
             Ok::<_, RedisError>(live)
-        }));
+        });
         match tokio::time::timeout(self.connect_timeout, connect).await {
-            Ok(Ok(live)) => Ok(live.clone()),
+            Ok(Ok(live)) => Ok(live),
             Ok(Err(e)) => Err(Error::backend(e)),
             Err(_) => Err(Error::backend(TimedOut(self.connect_timeout))),
         }
+    }
+
+    fn current(&self) -> Option<Live> {
+        self.live
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Drops a cluster connection that `error` says is gone, so that the next
+    /// call connects again. Its task ended (with the runtime the limiter was
+    /// built on, or its nodes all gone) and it does not come back by itself;
+    /// a single server's connection manager reconnects on its own.
+    fn forget(&self, error: &RedisError) {
+        if matches!(self.target, Target::Cluster(_)) && error.is_connection_dropped() {
+            *self.live.write().unwrap_or_else(PoisonError::into_inner) = None;
+        }
+    }
+
+    async fn connect(&self, scripts: &Scripts) -> Result<Live, RedisError> {
+        let mut live = match &self.target {
+            Target::Single(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_response_timeout(Some(self.timeout))
+                    .set_number_of_retries(2)
+                    .set_max_delay(Duration::from_secs(1));
+                Live::Single(client.get_connection_manager_with_config(config).await?)
+            }
+            Target::Cluster(client) => Live::Cluster(client.get_async_connection().await?),
+        };
+        for script in scripts.all() {
+            live.load(script).await?;
+        }
+        if self.try_functions {
+            // Redis before 7, or a user whose ACL denies FUNCTION: the
+            // batch script goes by EVALSHA.
+            match live.load_library(&scripts.library).await {
+                Ok(()) => self.functions.store(true, Ordering::Relaxed),
+                Err(error) => {
+                    tracing::debug!(%error, "no function library; batches go by EVALSHA")
+                }
+            }
+        }
+        Ok(live)
     }
 }
 
@@ -404,15 +436,72 @@ impl Job {
     }
 }
 
+/// The task that sends coalesced checks, and what it needs to start again.
+///
+/// It runs on the Tokio runtime the backend was built on. When that runtime
+/// ends while the backend lives on (a limiter built on a start-up runtime,
+/// or in one `#[tokio::test]` and used in the next), the task ends with it;
+/// the queue does not, and the next check that finds the task gone starts
+/// it again on its own runtime (before, every check that waited for a batch
+/// failed from then on).
+struct Batching {
+    /// The queue's receiving end, held by the running task.
+    queue: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Job>>>,
+    /// Whether the task runs (cleared when it ends, or is dropped with its
+    /// runtime).
+    running: Arc<AtomicBool>,
+    conn: Arc<Conn>,
+    scripts: Arc<Scripts>,
+    busy: Arc<AtomicUsize>,
+}
+
+impl Batching {
+    /// Starts the task on the current runtime, unless it runs.
+    fn ensure_running(&self) {
+        if self.running.load(Ordering::Acquire)
+            || self
+                .running
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.running.store(false, Ordering::Release);
+            return;
+        };
+        runtime.spawn(run_batches(
+            Arc::clone(&self.queue),
+            Running(Arc::clone(&self.running)),
+            Arc::clone(&self.conn),
+            Arc::clone(&self.scripts),
+            Arc::clone(&self.busy),
+        ));
+    }
+}
+
+/// Clears [`Batching::running`] when the task ends or is dropped.
+struct Running(Arc<AtomicBool>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 /// Takes the queued checks in batches and sends each batch as one
 /// `EVALSHA`, at most [`IN_FLIGHT`] at a time. Ends when every clone of the
 /// backend is gone.
 async fn run_batches(
-    mut queue: mpsc::UnboundedReceiver<Job>,
+    queue: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Job>>>,
+    running: Running,
     conn: Arc<Conn>,
     scripts: Arc<Scripts>,
     busy: Arc<AtomicUsize>,
 ) {
+    let _running = running;
+    // Free at once, or as soon as the task this one replaces is dropped.
+    let mut queue = queue.lock_owned().await;
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     loop {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
@@ -724,7 +813,8 @@ impl RedisBackend {
         let mut backend = RedisBackend {
             conn: Arc::new(Conn {
                 target,
-                live: OnceCell::new(),
+                live: std::sync::RwLock::new(None),
+                connecting: tokio::sync::Mutex::new(()),
                 timeout: options.timeout,
                 connect_timeout: options.connect_timeout,
                 // Only batches call the library.
@@ -734,18 +824,22 @@ impl RedisBackend {
             scripts: Arc::new(Scripts::new()),
             timeout: options.timeout,
             queue: None,
+            batching: None,
             busy: Arc::new(AtomicUsize::new(0)),
             always_queue: false,
         };
         if coalesce {
             let (queue, jobs) = mpsc::unbounded_channel();
-            tokio::spawn(run_batches(
-                jobs,
-                Arc::clone(&backend.conn),
-                Arc::clone(&backend.scripts),
-                Arc::clone(&backend.busy),
-            ));
+            let batching = Batching {
+                queue: Arc::new(tokio::sync::Mutex::new(jobs)),
+                running: Arc::new(AtomicBool::new(false)),
+                conn: Arc::clone(&backend.conn),
+                scripts: Arc::clone(&backend.scripts),
+                busy: Arc::clone(&backend.busy),
+            };
+            batching.ensure_running();
             backend.queue = Some(queue);
+            backend.batching = Some(Arc::new(batching));
         }
         match backend.conn.get(&backend.scripts).await {
             Ok(_) => Ok(backend),
@@ -816,6 +910,9 @@ impl RedisBackend {
         queue: &mpsc::UnboundedSender<Job>,
         (job, answer): (Job, Answer),
     ) -> Result<[i64; 4], Error> {
+        if let Some(batching) = &self.batching {
+            batching.ensure_running();
+        }
         if queue.send(job).is_err() {
             return Err(Error::backend(Stopped));
         }
@@ -832,6 +929,13 @@ impl RedisBackend {
             Ok(Err(_)) => Err(Error::backend(Stopped)),
             Err(_) => Err(Error::backend(TimedOut(self.timeout))),
         }
+    }
+
+    /// The error of a call that failed (a cluster connection that is gone is
+    /// made again at the next call).
+    fn failed(&self, error: RedisError) -> Error {
+        self.conn.forget(&error);
+        Error::backend(error)
     }
 
     /// Runs the rule's own script for one check: one round trip (two after
@@ -864,12 +968,12 @@ impl RedisBackend {
             let mut live = self.conn.get(&self.scripts).await?;
             let reply = match live.query(&cmd).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    live.load(script).await.map_err(Error::backend)?;
+                    live.load(script).await.map_err(|e| self.failed(e))?;
                     live.query(&cmd).await
                 }
                 reply => reply,
             };
-            reply.map_err(Error::backend)
+            reply.map_err(|e| self.failed(e))
         };
         let (allowed, remaining, reset_us, retry_us): (i64, i64, i64, i64) =
             match tokio::time::timeout(self.timeout, run).await {
@@ -963,7 +1067,7 @@ impl Backend for RedisBackend {
                 // Another algorithm's state took the key over (a rule
                 // changed): no lease of ours is left there to give back.
                 Err(e) if e.code() == Some("WRONGTYPE") => Ok(()),
-                Err(e) => Err(Error::backend(e)),
+                Err(e) => Err(self.failed(e)),
             }
         };
         match tokio::time::timeout(self.timeout, run).await {
