@@ -51,10 +51,8 @@ pub struct RedisBackend {
     conn: Arc<Conn>,
     scripts: Arc<Scripts>,
     timeout: Duration,
-    /// The queue of the task that sends coalesced checks (single server).
-    queue: Option<mpsc::UnboundedSender<Job>>,
-    /// That task, started again if the runtime it ran on has ended.
-    batching: Option<Arc<Batching>>,
+    /// The task that sends coalesced checks, and its queue (single server).
+    batching: Option<Batching>,
     /// Script calls on their way (checks sent alone, and batches).
     busy: Arc<AtomicUsize>,
     /// Queue every check, even when nothing is on its way (tests).
@@ -436,7 +434,7 @@ impl Job {
     }
 }
 
-/// The task that sends coalesced checks, and what it needs to start again.
+/// The queue of the task that sends coalesced checks, and that task.
 ///
 /// It runs on the Tokio runtime the backend was built on. When that runtime
 /// ends while the backend lives on (a limiter built on a start-up runtime,
@@ -444,20 +442,20 @@ impl Job {
 /// the queue does not, and the next check that finds the task gone starts
 /// it again on its own runtime (before, every check that waited for a batch
 /// failed from then on).
+#[derive(Clone)]
 struct Batching {
+    queue: mpsc::UnboundedSender<Job>,
     /// The queue's receiving end, held by the running task.
-    queue: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Job>>>,
+    jobs: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Job>>>,
     /// Whether the task runs (cleared when it ends, or is dropped with its
     /// runtime).
     running: Arc<AtomicBool>,
-    conn: Arc<Conn>,
-    scripts: Arc<Scripts>,
-    busy: Arc<AtomicUsize>,
 }
 
 impl Batching {
-    /// Starts the task on the current runtime, unless it runs.
-    fn ensure_running(&self) {
+    /// Starts the task of `backend`'s batches on the current runtime, unless
+    /// it runs.
+    fn ensure_running(&self, backend: &RedisBackend) {
         if self.running.load(Ordering::Acquire)
             || self
                 .running
@@ -471,11 +469,11 @@ impl Batching {
             return;
         };
         runtime.spawn(run_batches(
-            Arc::clone(&self.queue),
+            Arc::clone(&self.jobs),
             Running(Arc::clone(&self.running)),
-            Arc::clone(&self.conn),
-            Arc::clone(&self.scripts),
-            Arc::clone(&self.busy),
+            Arc::clone(&backend.conn),
+            Arc::clone(&backend.scripts),
+            Arc::clone(&backend.busy),
         ));
     }
 }
@@ -823,7 +821,6 @@ impl RedisBackend {
             }),
             scripts: Arc::new(Scripts::new()),
             timeout: options.timeout,
-            queue: None,
             batching: None,
             busy: Arc::new(AtomicUsize::new(0)),
             always_queue: false,
@@ -831,15 +828,12 @@ impl RedisBackend {
         if coalesce {
             let (queue, jobs) = mpsc::unbounded_channel();
             let batching = Batching {
-                queue: Arc::new(tokio::sync::Mutex::new(jobs)),
+                queue,
+                jobs: Arc::new(tokio::sync::Mutex::new(jobs)),
                 running: Arc::new(AtomicBool::new(false)),
-                conn: Arc::clone(&backend.conn),
-                scripts: Arc::clone(&backend.scripts),
-                busy: Arc::clone(&backend.busy),
             };
-            batching.ensure_running();
-            backend.queue = Some(queue);
-            backend.batching = Some(Arc::new(batching));
+            batching.ensure_running(&backend);
+            backend.batching = Some(batching);
         }
         match backend.conn.get(&backend.scripts).await {
             Ok(_) => Ok(backend),
@@ -863,9 +857,9 @@ impl RedisBackend {
         lease: Option<u64>,
     ) -> Result<Decision, Error> {
         let [allowed, remaining, reset_us, retry_us] = match self.queue_for_now() {
-            Some(queue) => {
+            Some(batching) => {
                 let what = algorithm_index(rule.algorithm()) as u8 + 1;
-                self.queued(queue, Job::new(what, rule, key, cost, now, lease))
+                self.queued(batching, Job::new(what, rule, key, cost, now, lease))
                     .await?
             }
             None => {
@@ -883,12 +877,12 @@ impl RedisBackend {
         .decision(rule))
     }
 
-    /// The queue, if this call should join the next batch: when coalescing
-    /// and a script call is already on its way.
-    fn queue_for_now(&self) -> Option<&mpsc::UnboundedSender<Job>> {
-        let queue = self.queue.as_ref()?;
+    /// The batching, if this call should join the next batch: when
+    /// coalescing and a script call is already on its way.
+    fn queue_for_now(&self) -> Option<&Batching> {
+        let batching = self.batching.as_ref()?;
         if self.always_queue || self.busy.load(Ordering::Relaxed) > 0 {
-            Some(queue)
+            Some(batching)
         } else {
             None
         }
@@ -907,13 +901,11 @@ impl RedisBackend {
     /// answer, within the deadline.
     async fn queued(
         &self,
-        queue: &mpsc::UnboundedSender<Job>,
+        batching: &Batching,
         (job, answer): (Job, Answer),
     ) -> Result<[i64; 4], Error> {
-        if let Some(batching) = &self.batching {
-            batching.ensure_running();
-        }
-        if queue.send(job).is_err() {
+        batching.ensure_running(self);
+        if batching.queue.send(job).is_err() {
             return Err(Error::backend(Stopped));
         }
         self.answered(answer).await
@@ -1034,11 +1026,11 @@ impl Backend for RedisBackend {
 
     async fn release(&self, rule: &Rule, key: &str, cost: u64, lease: u64) -> Result<(), Error> {
         let job = || Job::new(RELEASE, rule, key, cost, None, Some(lease));
-        if let Some(queue) = self.queue_for_now() {
-            return self.queued(queue, job()).await.map(drop);
+        if let Some(batching) = self.queue_for_now() {
+            return self.queued(batching, job()).await.map(drop);
         }
         let _busy = Busy::enter(&*self.busy);
-        if self.queue.is_some() {
+        if self.batching.is_some() {
             // Coalescing, and nothing on its way: a batch of this one
             // release, sent now (so releases always run in the batch
             // script, whichever way they go).
