@@ -81,7 +81,8 @@ fn governor() -> DefaultKeyedRateLimiter<String> {
 }
 
 /// One check-and-consume of our limiter (a concurrency rule takes and
-/// releases its lease, as a call does).
+/// releases its lease, as a call does, through an installed limiter as the
+/// attribute's calls are: see `RateLimiter::acquire` for one not installed).
 fn ours(store: &MemoryBackend, limiter: &RateLimiter, rule: &Rule, key: &str) {
     if rule.algorithm() == Algorithm::Concurrency {
         let permit = ready(limiter.acquire(rule, key, 1)).unwrap();
@@ -112,7 +113,9 @@ fn benches(c: &mut Criterion) {
     let order = shuffled(KEYS);
     let mut group = c.benchmark_group("memory");
     for algorithm in Algorithm::ALL {
-        let limiter = RateLimiter::in_memory();
+        let name = format!("bench-{}", algorithm.name());
+        RateLimiter::in_memory().install_as(&name).unwrap();
+        let limiter = RateLimiter::named(&name).unwrap();
         let store = MemoryBackend::new();
         let one = rule(algorithm, false);
         group.bench_function(BenchmarkId::new("single_key", algorithm.name()), |b| {
