@@ -4,6 +4,9 @@
 //! `cargo bench --bench memory`
 //!
 //! - `single_key`: one key, one thread.
+//! - `single_key_2_threads`: one key, 2 threads at once: both update one
+//!   state, as a global limit does on a multi-threaded server (wall time per
+//!   check over both).
 //! - `100k_keys`: 100,000 distinct keys in turn, one thread.
 //! - `100k_keys_shuffled`: the same keys in one fixed random order, so
 //!   neither limiter's memory is walked in the order it was filled (in
@@ -139,6 +142,16 @@ fn benches(c: &mut Criterion) {
             },
         );
         group.bench_function(
+            BenchmarkId::new("single_key_2_threads", algorithm.name()),
+            |b| {
+                b.iter_custom(|iters| {
+                    spread(iters, 2, |_, _| {
+                        ours(&store, &limiter, &one, "limiter:user:1")
+                    })
+                })
+            },
+        );
+        group.bench_function(
             BenchmarkId::new("100k_keys_2_threads", algorithm.name()),
             |b| {
                 b.iter_custom(|iters| {
@@ -154,6 +167,14 @@ fn benches(c: &mut Criterion) {
     group.bench_function(BenchmarkId::new("single_key", "governor"), |b| {
         let key = "limiter:user:1".to_owned();
         b.iter(|| black_box(gov.check_key(&key).is_ok()))
+    });
+    group.bench_function(BenchmarkId::new("single_key_2_threads", "governor"), |b| {
+        let key = "limiter:user:1".to_owned();
+        b.iter_custom(|iters| {
+            spread(iters, 2, |_, _| {
+                black_box(gov.check_key(&key).is_ok());
+            })
+        })
     });
     let mut i = 0;
     group.bench_function(BenchmarkId::new("100k_keys", "governor"), |b| {
