@@ -49,6 +49,31 @@ struct Options {
     slices: u32,
 }
 
+/// What `--help` prints.
+const USAGE: &str = "\
+usage: cargo bench --bench load -- [options]
+
+Starts its own redis-server and prints one JSON line per run to stdout:
+{backend, algorithm, concurrency, ops, ops_per_sec, p50_us, p99_us, redis_usec_per_call}
+
+options:
+  --duration-ms N        time per algorithm and side at each concurrency (default 2000)
+  --algorithms A,B,...   fixed_window, sliding_log, sliding_window, token_bucket, gcra,
+                         concurrency (default: all)
+  --concurrency N,M,...  tasks at once (default 1,16,64,256)
+  --slices N             turns the sides take, each of duration/N (default 4)
+  --cluster              also a local 3-master Redis Cluster
+  --no-single            not the single server (with --cluster: the cluster alone)
+  --no-baselines         not the raw redis-rs floor nor the peers
+  --help                 this text
+";
+
+/// Stops with `message` and the usage (exit status 2).
+fn usage_error(message: &str) -> ! {
+    eprintln!("error: {message}\n\n{USAGE}");
+    std::process::exit(2)
+}
+
 fn options() -> Options {
     let mut options = Options {
         duration: Duration::from_millis(2000),
@@ -61,10 +86,20 @@ fn options() -> Options {
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
-        let mut value = || args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
+        let mut value = || {
+            args.next()
+                .unwrap_or_else(|| usage_error(&format!("{arg} needs a value")))
+        };
+        let number = |text: String, what: &str| -> u64 {
+            text.parse().ok().filter(|&n| n > 0).unwrap_or_else(|| {
+                usage_error(&format!(
+                    "{what}: expected a whole number above 0, got `{text}`"
+                ))
+            })
+        };
         match arg.as_str() {
             "--duration-ms" => {
-                options.duration = Duration::from_millis(value().parse().expect("milliseconds"))
+                options.duration = Duration::from_millis(number(value(), "--duration-ms"))
             }
             "--algorithms" => {
                 options.algorithms = value()
@@ -73,21 +108,30 @@ fn options() -> Options {
                         *Algorithm::ALL
                             .iter()
                             .find(|a| a.name() == name)
-                            .unwrap_or_else(|| panic!("unknown algorithm {name}"))
+                            .unwrap_or_else(|| usage_error(&format!("unknown algorithm `{name}`")))
                     })
                     .collect()
             }
             "--concurrency" => {
                 options.concurrency = value()
                     .split(',')
-                    .map(|n| n.parse().expect("a number"))
+                    .map(|n| number(n.to_owned(), "--concurrency") as usize)
                     .collect()
             }
-            "--slices" => options.slices = value().parse().expect("a number of slices"),
+            "--slices" => options.slices = number(value(), "--slices").min(1000) as u32,
             "--cluster" => options.cluster = true,
             "--no-single" => options.single = false,
             "--no-baselines" => options.baselines = false,
-            // cargo bench passes --bench; criterion-style filters are ignored.
+            "--help" | "-h" => {
+                print!("{USAGE}");
+                std::process::exit(0)
+            }
+            // cargo bench passes --bench.
+            "--bench" => {}
+            unknown if unknown.starts_with('-') => {
+                usage_error(&format!("unknown option `{unknown}`"))
+            }
+            // Criterion-style filters (as `cargo bench` passes to every bench) are ignored.
             _ => {}
         }
     }
