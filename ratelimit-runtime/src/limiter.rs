@@ -73,7 +73,6 @@ pub struct RateLimiter {
 }
 
 /// What every clone of a limiter shares.
-#[derive(Debug)]
 struct Shared {
     store: Store,
     /// The store for as long as the process runs, once the limiter is
@@ -82,6 +81,16 @@ struct Shared {
     /// cache line that every thread taking leases shares, which made two
     /// threads taking leases slower than one.
     forever: OnceCell<&'static Store>,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // `forever` is the store again: say only whether it is set.
+        f.debug_struct("Shared")
+            .field("store", &self.store)
+            .field("installed", &self.forever.get().is_some())
+            .finish()
+    }
 }
 
 #[derive(Debug)]
