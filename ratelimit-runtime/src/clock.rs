@@ -21,15 +21,26 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 #[derive(Clone, Debug)]
 pub struct SystemClock {
     clock: quanta::Clock,
-    origin: quanta::Instant,
+    /// The origin as the clock's raw reading (TSC ticks, or ns of the OS's
+    /// clock where quanta falls back to it).
+    origin: u64,
 }
 
 impl SystemClock {
     /// A clock whose origin is now.
     pub fn new() -> SystemClock {
         let clock = quanta::Clock::new();
-        let origin = clock.now();
+        let origin = clock.raw();
         SystemClock { clock, origin }
+    }
+
+    /// Whole µs since the origin: what the in-memory store reads at every
+    /// check. The raw reading is scaled once, straight to ns (no `Duration`
+    /// made and taken apart again, no dynamic call when the store knows its
+    /// clock is this one).
+    #[inline]
+    pub(crate) fn now_micros(&self) -> u64 {
+        self.clock.delta_as_nanos(self.origin, self.clock.raw()) / 1000
     }
 }
 
@@ -41,7 +52,7 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Duration {
-        self.clock.now().saturating_duration_since(self.origin)
+        Duration::from_nanos(self.clock.delta_as_nanos(self.origin, self.clock.raw()))
     }
 }
 
@@ -77,5 +88,35 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> Duration {
         Duration::from_nanos(self.nanos.load(Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    #[test]
+    fn system_clock_micros_follow_the_os_clock() {
+        let clock = SystemClock::new();
+        let os = Instant::now();
+        let first = clock.now_micros();
+        std::thread::sleep(Duration::from_millis(20));
+        let second = clock.now_micros();
+        let os_elapsed = os.elapsed();
+        let elapsed = Duration::from_micros(second - first);
+        // Both readings lie between the two OS readings, so the clock's
+        // elapsed time is at least the sleep and at most the OS's (plus a
+        // wide margin for calibration error).
+        assert!(elapsed >= Duration::from_millis(19), "{elapsed:?}");
+        assert!(
+            elapsed <= os_elapsed + Duration::from_millis(5),
+            "{elapsed:?} > {os_elapsed:?}"
+        );
+        let through_trait = clock.now();
+        let direct = clock.now_micros();
+        assert!(direct >= u64::try_from(through_trait.as_micros()).unwrap());
+        assert!(direct - u64::try_from(through_trait.as_micros()).unwrap() < 1_000_000);
     }
 }

@@ -20,7 +20,7 @@ use crate::backend::redis::{
 };
 #[cfg(feature = "redis")]
 use crate::breaker::{Breaker, CircuitOpen, OverLimitCache};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::{Algorithm, Decision, Error, OnError, Rule};
 
 static GLOBAL: OnceCell<RateLimiter> = OnceCell::new();
@@ -858,7 +858,7 @@ impl RateLimiterBuilder {
     }
 
     #[cfg(feature = "redis")]
-    fn redis_store(&self, redis: RedisBackend, clock: Box<dyn Clock>) -> Store {
+    fn redis_store(&self, redis: RedisBackend, clock: Option<Box<dyn Clock>>) -> Store {
         Store::Redis {
             redis,
             insurance: self.memory(clock),
@@ -870,8 +870,12 @@ impl RateLimiterBuilder {
         }
     }
 
-    fn memory(&self, clock: Box<dyn Clock>) -> MemoryBackend {
-        let store = MemoryBackend::with_boxed_clock(clock);
+    /// The in-process store, on the given clock or the system's.
+    fn memory(&self, clock: Option<Box<dyn Clock>>) -> MemoryBackend {
+        let store = match clock {
+            Some(clock) => MemoryBackend::with_boxed_clock(clock),
+            None => MemoryBackend::new(),
+        };
         match self.max_keys {
             Some(max) => store.with_max_keys(max),
             None => store,
@@ -892,10 +896,7 @@ impl RateLimiterBuilder {
     /// Redis cannot be reached (or the scripts loaded) within the connect
     /// timeout.
     pub async fn build(mut self) -> Result<RateLimiter, Error> {
-        let clock = self
-            .clock
-            .take()
-            .unwrap_or_else(|| Box::new(SystemClock::new()));
+        let clock = self.clock.take();
         let backend = std::mem::take(&mut self.backend);
         let store = match backend {
             BackendChoice::Memory => Store::Memory(self.memory(clock)),

@@ -54,7 +54,26 @@ struct Inner {
     /// Seeded per store: callers choose keys, so the hash must not be
     /// predictable (flooding one bucket).
     hasher: Hasher,
-    clock: Box<dyn Clock>,
+    clock: StoreClock,
+}
+
+/// The store's clock. The system clock, the default, is read directly (a
+/// check reads it every time); a clock given by the caller through its trait.
+#[derive(Debug)]
+enum StoreClock {
+    System(SystemClock),
+    Given(Box<dyn Clock>),
+}
+
+impl StoreClock {
+    /// Whole µs of the clock.
+    #[inline]
+    fn now_micros(&self) -> u64 {
+        match self {
+            StoreClock::System(clock) => clock.now_micros(),
+            StoreClock::Given(clock) => u64::try_from(clock.now().as_micros()).unwrap_or(u64::MAX),
+        }
+    }
 }
 
 type Hasher = foldhash::fast::RandomState;
@@ -179,7 +198,7 @@ struct Slot {
 impl MemoryBackend {
     /// A store on the system's monotonic clock.
     pub fn new() -> MemoryBackend {
-        MemoryBackend::with_clock(SystemClock::new())
+        MemoryBackend::with_store_clock(StoreClock::System(SystemClock::new()))
     }
 
     /// A store on the given clock (a [`ManualClock`](crate::ManualClock) in tests).
@@ -188,6 +207,10 @@ impl MemoryBackend {
     }
 
     pub(crate) fn with_boxed_clock(clock: Box<dyn Clock>) -> MemoryBackend {
+        MemoryBackend::with_store_clock(StoreClock::Given(clock))
+    }
+
+    fn with_store_clock(clock: StoreClock) -> MemoryBackend {
         MemoryBackend {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Shard::default()).collect(),
@@ -218,7 +241,7 @@ impl MemoryBackend {
     /// shrink). Expired keys are also dropped as new keys arrive; this is for
     /// a periodic task after a burst of keys that will not come back.
     pub fn sweep(&self) {
-        let now = u64::try_from(self.inner.clock.now().as_micros()).unwrap_or(u64::MAX);
+        let now = self.inner.clock.now_micros();
         for shard in self.inner.shards.iter() {
             sweep(&mut lock(shard), now, &self.inner.hasher);
         }
@@ -256,7 +279,7 @@ impl MemoryBackend {
         key: &str,
         step: impl FnOnce(&mut Option<State>, u64) -> algorithm::Outcome,
     ) -> Decision {
-        let now = u64::try_from(self.inner.clock.now().as_micros()).unwrap_or(u64::MAX);
+        let now = self.inner.clock.now_micros();
         let hash = key_hash(&self.inner.hasher, key.as_bytes());
         let mut shard = self.shard(hash);
         let outcome = match shard.find_mut(hash, key) {
