@@ -17,7 +17,7 @@ mod common;
 
 use common::{
     EPOCH_US, Subject, XorShift, count_pass_then_refused_then_budget_returns, redis_backend,
-    same_decisions,
+    redis_backend_without_functions, same_decisions,
 };
 use ratelimit_runtime::backend::memory::MemoryBackend;
 use ratelimit_runtime::{Algorithm, ManualClock, RateLimiter, Rule};
@@ -25,7 +25,8 @@ use ratelimit_workspace::RedisServer;
 
 macro_rules! equivalence {
     ($($name:ident => $algorithm:expr),* $(,)?) => {
-        // Checks made one after another each go alone: the algorithm's own script.
+        // Checks made one after another each go alone: the algorithm's own
+        // driver, a function of the library.
         mod redis_equals_memory {
             use super::*;
             $(
@@ -33,6 +34,21 @@ macro_rules! equivalence {
                 async fn $name() {
                     let server = RedisServer::start();
                     same_decisions(&redis_backend(&server).await, $algorithm).await;
+                    server.assert_no_key_without_ttl("limiter:*");
+                    assert!(!server.keys_with_pttl("limiter:*").is_empty());
+                }
+            )*
+        }
+        // The same alone, by the rules' own scripts (`EVALSHA`): a server
+        // without functions (alone with them, the library's functions run
+        // the same drivers).
+        mod scripts_redis_equals_memory {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let server = RedisServer::start();
+                    same_decisions(&redis_backend_without_functions(&server).await, $algorithm).await;
                     server.assert_no_key_without_ttl("limiter:*");
                     assert!(!server.keys_with_pttl("limiter:*").is_empty());
                 }

@@ -306,6 +306,60 @@ async fn without_functions_batches_go_by_evalsha() {
     assert_eq!(calls_of(&server, "evalsha"), 5);
 }
 
+/// Where the server has functions, a check or a release that goes alone
+/// (nothing else on its way) is one `FCALL` of the library: each
+/// algorithm's own driver and the release are functions there too, so the
+/// server does not run the script's prelude at each call. After `FUNCTION
+/// FLUSH` the library is loaded again. Without functions they go by
+/// `EVALSHA` of the rule's script (the release: the batch script), loaded
+/// again after `SCRIPT FLUSH`.
+#[tokio::test]
+async fn calls_alone_go_by_the_library_or_by_their_scripts() {
+    use ratelimit_runtime::Backend as _;
+    let server = RedisServer::start();
+    let with_functions = RedisBackend::open(&server.url(), patient()).await.unwrap();
+    let scripts_only = RedisBackend::open(&user_url(&server, "plain", "-function"), patient())
+        .await
+        .unwrap();
+    for (name, redis, by, flush) in [
+        ("library", &with_functions, "fcall", "FUNCTION"),
+        ("scripts", &scripts_only, "evalsha", "SCRIPT"),
+    ] {
+        let before = (calls_of(&server, "fcall"), calls_of(&server, "evalsha"));
+        for (i, rule) in RULES.iter().enumerate() {
+            let decision = redis.check(rule, &format!("co:alone:{name}:{i}"), 1).await;
+            assert_eq!(decision.unwrap().remaining, 29, "{name}: {rule:?}");
+        }
+        // A lease of three units taken and given back, alone: then the
+        // whole capacity can be taken (each of its members was removed).
+        let key = format!("co:alone:{name}:lease");
+        let taken = redis.acquire(&LEASES, &key, 3, 11).await.unwrap();
+        assert_eq!(taken.remaining, 17, "{name}");
+        redis.release(&LEASES, &key, 3, 11).await.unwrap();
+        let whole = redis.acquire(&LEASES, &key, 20, 12).await.unwrap();
+        assert!(whole.allowed, "{name}: the released lease still counts");
+        let calls = (calls_of(&server, "fcall"), calls_of(&server, "evalsha"));
+        let sent = RULES.len() as u64 + 3;
+        match by {
+            "fcall" => assert_eq!(calls, (before.0 + sent, before.1), "{name}"),
+            _ => assert_eq!(calls, (before.0, before.1 + sent), "{name}"),
+        }
+        // The server loses what the calls use: loaded again, once.
+        let _: () = redis::cmd(flush)
+            .arg("FLUSH")
+            .query(&mut server.connection())
+            .unwrap();
+        let again = redis
+            .check(&RULES[0], &format!("co:alone:{name}:0"), 1)
+            .await;
+        assert_eq!(again.unwrap().remaining, 28, "{name}: after {flush} FLUSH");
+        redis.release(&LEASES, &key, 20, 12).await.unwrap();
+        let after = redis.acquire(&LEASES, &key, 20, 13).await.unwrap();
+        assert!(after.allowed, "{name}: released after {flush} FLUSH");
+    }
+    assert!(!libraries(&server).is_empty(), "the library loaded again");
+}
+
 /// With the library off, a batch is an `EVALSHA`; after `SCRIPT FLUSH` the
 /// batch script is loaded again and the batch re-sent once.
 #[tokio::test]
@@ -384,7 +438,12 @@ async fn a_release_on_another_algorithms_state_gives_back_nothing_and_fails_noth
     };
     let alone = RedisBackend::open(&server.url(), options).await.unwrap();
     let batched = batching(&server.url(), true).await;
-    for (name, redis) in [("alone", &alone), ("batched", &batched)] {
+    let library = RedisBackend::open(&server.url(), patient()).await.unwrap();
+    for (name, redis) in [
+        ("alone", &alone),
+        ("batched", &batched),
+        ("library", &library),
+    ] {
         let key = format!("co:taken:{name}");
         for cost in [1, 3] {
             let taken = redis.acquire(&LEASES, &key, cost, 7).await.unwrap();

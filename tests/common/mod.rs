@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use ratelimit_runtime::backend::memory::MemoryBackend;
-use ratelimit_runtime::backend::redis::RedisBackend;
+use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{
     Algorithm, Backend, Decision, ManualClock, RateLimiter, RateLimiterBuilder, Rule,
 };
@@ -36,6 +36,20 @@ pub async fn redis_backend(server: &RedisServer) -> RedisBackend {
     )
     .await
     .expect("connecting to the test redis-server")
+}
+
+/// A backend that loads no function library: checks alone go by `EVALSHA`
+/// of their rule's script, as on a server before Redis 7.
+pub async fn redis_backend_without_functions(server: &RedisServer) -> RedisBackend {
+    let options = ConnectOptions {
+        timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(5),
+        functions: false,
+        ..ConnectOptions::default()
+    };
+    RedisBackend::open(&server.url(), options)
+        .await
+        .expect("connecting to the test redis-server")
 }
 
 fn rules(algorithm: Algorithm) -> Vec<Rule> {

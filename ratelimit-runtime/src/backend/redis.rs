@@ -1,8 +1,8 @@
 //! Redis and Redis Cluster: every check is one Lua script run by `EVALSHA`
 //! on one multiplexed connection (or one cluster connection) shared by all
 //! tasks. On one server, checks that wait at the same moment are coalesced
-//! into one script call (see [`ConnectOptions::coalesce`]), an `FCALL` where
-//! the batch script is loaded as a function library
+//! into one script call (see [`ConnectOptions::coalesce`]), and the scripts
+//! are `FCALL`s of a function library where the server allows it
 //! ([`ConnectOptions::functions`]).
 
 use std::fmt;
@@ -145,6 +145,56 @@ fn function_missing(error: &RedisError) -> bool {
         .is_some_and(|detail| detail.starts_with("Function not found"))
 }
 
+/// The head of a script call: `FCALL` of the library's function `name`, or
+/// `EVALSHA` of `script`.
+fn script_call(function: bool, name: &str, script: &Script) -> Cmd {
+    let mut cmd;
+    if function {
+        cmd = redis::cmd("FCALL");
+        cmd.arg(name);
+    } else {
+        cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash());
+    }
+    cmd
+}
+
+/// One script call: an `FCALL` of the library's function (`call(true)`)
+/// where the library is loaded, else an `EVALSHA` of `script`
+/// (`call(false)`). A library the server lost (a restart, `FUNCTION FLUSH`)
+/// is loaded again and the call sent once more; one that cannot be loaded
+/// now (Redis replaced by an older one, an ACL change) leaves scripts in use
+/// from then on. A script the server lost (`NOSCRIPT`) is loaded again and
+/// the call sent once more.
+async fn call_script<T: FromRedisValue>(
+    live: &mut Live,
+    conn: &Conn,
+    scripts: &Scripts,
+    script: &Script,
+    call: impl Fn(bool) -> Cmd,
+) -> Result<T, RedisError> {
+    if conn.functions.load(Ordering::Relaxed) {
+        let cmd = call(true);
+        match live.query(&cmd).await {
+            Err(e) if function_missing(&e) => {
+                if live.load_library(&scripts.library).await.is_ok() {
+                    return live.query(&cmd).await;
+                }
+                conn.functions.store(false, Ordering::Relaxed);
+            }
+            reply => return reply,
+        }
+    }
+    let cmd = call(false);
+    match live.query(&cmd).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            live.load(script).await?;
+            live.query(&cmd).await
+        }
+        reply => reply,
+    }
+}
+
 impl Conn {
     /// The connection, made now if it was not yet (one attempt, bounded by
     /// the connect timeout).
@@ -230,17 +280,13 @@ impl Scripts {
         let batch = Script::new(BATCH);
         Scripts {
             by_algorithm: Algorithm::ALL.map(|algorithm| Script::new(source(algorithm))),
-            library: Library::new(&batch),
+            library: Library::new(),
             batch,
         }
     }
 
     fn all(&self) -> impl Iterator<Item = &Script> {
         self.by_algorithm.iter().chain([&self.batch])
-    }
-
-    fn for_rule(&self, rule: &Rule) -> &Script {
-        &self.by_algorithm[algorithm_index(rule.algorithm())]
     }
 }
 
@@ -310,22 +356,50 @@ const BATCH: &str = concat!(
     include_str!("../scripts/batch.lua"),
 );
 
+/// The library's release function: KEYS[1] the key, ARGV the cost and the
+/// lease id; it answers as a batch of releases does, with nothing. (`text`,
+/// for the members of a lease of several units, needs its table: a
+/// library's is kept between calls unless made anew.)
+const RELEASE_FUNCTION: &str =
+    "texts = {}\nrelease(KEYS[1], tonumber(ARGV[1]), ARGV[2])\nreturn ''";
+
 /// The batch script as a Redis function library (Redis 7 and later), called
 /// with `FCALL`: its prelude and algorithms run once, when it is loaded, not
 /// at every call as a script's do (about 2 µs of the server's time a call).
-/// Its names carry the script's hash, so instances running different
-/// versions of this crate each find their own.
+/// Besides the batch driver it has each algorithm's single-check driver and
+/// a release, for the calls that go alone. Its names carry the script's
+/// hash, so instances running different versions of this crate each find
+/// their own.
 struct Library {
-    /// The function to call.
+    /// The batch function.
     function: String,
+    /// One check alone, per algorithm (indexed like [`Algorithm::ALL`]):
+    /// the rule's own script as a function.
+    singles: [String; 6],
+    /// One release alone.
+    release: String,
     /// The library's source, for `FUNCTION LOAD REPLACE`.
     source: String,
 }
 
 impl Library {
-    fn new(batch: &Script) -> Library {
-        let version = &batch.get_hash()[..16];
+    fn new() -> Library {
+        // What the library runs, hashed: a change to any of it is a new
+        // version, with names of its own.
+        let digest = sha1_smol::Sha1::from(
+            [
+                BATCH,
+                include_str!("../scripts/single.lua"),
+                RELEASE_FUNCTION,
+            ]
+            .concat(),
+        )
+        .digest()
+        .to_string();
+        let version = &digest[..16];
         let function = format!("ratelimit_batch_{version}");
+        let singles = Algorithm::ALL.map(|a| format!("ratelimit_{}_{version}", a.name()));
+        let release = format!("ratelimit_release_{version}");
         // bind.lua's lines `local names = values`: the names declared at
         // load, the values given at each call (`redis` and `struct` exist
         // only in a call).
@@ -338,15 +412,32 @@ impl Library {
             source.push_str(&format!("local {names}\n"));
         }
         source.push_str(batch_body!());
-        source.push_str(&format!(
-            "\nredis.register_function('{function}', function(KEYS, ARGV)\n"
-        ));
-        for (names, values) in &bound {
-            source.push_str(&format!("{names} = {values}\n"));
+        let mut register = |name: &str, body: &str| {
+            source.push_str(&format!(
+                "\nredis.register_function('{name}', function(KEYS, ARGV)\n"
+            ));
+            for (names, values) in &bound {
+                source.push_str(&format!("{names} = {values}\n"));
+            }
+            source.push_str(body);
+            source.push_str("\nend)\n");
+        };
+        register(&function, include_str!("../scripts/batch.lua"));
+        for (algorithm, name) in Algorithm::ALL.iter().zip(&singles) {
+            let single = format!(
+                "local check = {}\n{}",
+                algorithm.name(),
+                include_str!("../scripts/single.lua")
+            );
+            register(name, &single);
         }
-        source.push_str(include_str!("../scripts/batch.lua"));
-        source.push_str("\nend)\n");
-        Library { function, source }
+        register(&release, RELEASE_FUNCTION);
+        Library {
+            function,
+            singles,
+            release,
+            source,
+        }
     }
 }
 
@@ -577,15 +668,18 @@ async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
     };
     // The call: FCALL of the library's function, or EVALSHA of the script.
     let call = |function: bool| {
-        let mut cmd = if function {
+        if let ([job], true, 0) = (&jobs[..], function, checks) {
+            // A release alone: the library's release function, which has no
+            // batch to unpack.
             let mut cmd = redis::cmd("FCALL");
-            cmd.arg(&scripts.library.function);
-            cmd
-        } else {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(scripts.batch.get_hash());
-            cmd
-        };
+            cmd.arg(&scripts.library.release)
+                .arg(1)
+                .arg(&*job.key)
+                .arg(job.cost)
+                .arg(job.lease);
+            return cmd;
+        }
+        let mut cmd = script_call(function, &scripts.library.function, &scripts.batch);
         cmd.arg(jobs.len());
         for job in &jobs {
             cmd.arg(&*job.key);
@@ -600,30 +694,9 @@ async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
     };
     let reply: Result<Vec<u8>, Error> = async {
         let mut live = conn.get(scripts).await?;
-        if conn.functions.load(Ordering::Relaxed) {
-            let cmd = call(true);
-            match live.query(&cmd).await {
-                Err(e) if function_missing(&e) => {
-                    // Lost with a restart, or flushed: loaded again.
-                    if live.load_library(&scripts.library).await.is_ok() {
-                        return live.query(&cmd).await.map_err(Error::backend);
-                    }
-                    // It cannot be loaded now (Redis replaced by an older
-                    // one, or an ACL change): EVALSHA from now on.
-                    conn.functions.store(false, Ordering::Relaxed);
-                }
-                reply => return reply.map_err(Error::backend),
-            }
-        }
-        let cmd = call(false);
-        let reply = match live.query(&cmd).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                live.load(&scripts.batch).await.map_err(Error::backend)?;
-                live.query(&cmd).await
-            }
-            reply => reply,
-        };
-        reply.map_err(Error::backend)
+        call_script(&mut live, conn, scripts, &scripts.batch, call)
+            .await
+            .map_err(Error::backend)
     }
     .await;
     match reply {
@@ -729,14 +802,14 @@ pub struct ConnectOptions {
     /// (single server only; a cluster spreads keys over slots, so every
     /// check there is its own call). On by default.
     pub coalesce: bool,
-    /// Load the batch script that coalesced checks use as a function
-    /// library (Redis 7 and later), called with `FCALL`, which costs the
-    /// server about 2 µs less a call than `EVALSHA`. On by default; where
-    /// the server has no functions, or the user may not load them, batches
-    /// go by `EVALSHA`. Nothing is loaded without coalescing (or on a
-    /// cluster), where no call is a batch. The library
-    /// (`ratelimit_<version>`) stays in Redis like any function: `FUNCTION
-    /// DELETE` removes it.
+    /// Load the scripts as a function library (Redis 7 and later): batches,
+    /// and checks and releases that go alone, are then `FCALL`s of it, which
+    /// cost the server about 1-2 µs less a call than `EVALSHA`. On by
+    /// default, with coalescing; where the server has no functions, or the
+    /// user may not load them, calls go by `EVALSHA`. Nothing is loaded
+    /// without coalescing (or on a cluster), where every check is one
+    /// `EVALSHA`. The library (`ratelimit_<version>`) stays in Redis like any
+    /// function: `FUNCTION DELETE` removes it.
     pub functions: bool,
 }
 
@@ -815,7 +888,7 @@ impl RedisBackend {
                 connecting: tokio::sync::Mutex::new(()),
                 timeout: options.timeout,
                 connect_timeout: options.connect_timeout,
-                // Only batches call the library.
+                // Without coalescing every check is its own `EVALSHA`.
                 try_functions: options.functions && coalesce,
                 functions: AtomicBool::new(false),
             }),
@@ -931,7 +1004,9 @@ impl RedisBackend {
     }
 
     /// Runs the rule's own script for one check: one round trip (two after
-    /// a `NOSCRIPT`).
+    /// the server lost the script or the library). Its function in the
+    /// library where that is loaded (the script's prelude and algorithms do
+    /// not run again at each call), else the script.
     async fn alone(
         &self,
         rule: &Rule,
@@ -940,32 +1015,40 @@ impl RedisBackend {
         now: Option<u64>,
         lease: Option<u64>,
     ) -> Result<[i64; 4], Error> {
-        let script = self.scripts.for_rule(rule);
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash())
-            .arg(1)
-            .arg(key)
-            .arg(rule.count())
-            .arg(rule.burst())
-            .arg(rule.period_us())
-            .arg(cost);
-        match now {
-            Some(now) => cmd.arg(now),
-            None => cmd.arg(""),
-        };
-        if let Some(lease) = lease {
-            cmd.arg(lease);
-        }
-        let run = async {
-            let mut live = self.conn.get(&self.scripts).await?;
-            let reply = match live.query(&cmd).await {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    live.load(script).await.map_err(|e| self.failed(e))?;
-                    live.query(&cmd).await
-                }
-                reply => reply,
+        let index = algorithm_index(rule.algorithm());
+        let scripts = &*self.scripts;
+        let call = |function: bool| {
+            let mut cmd = script_call(
+                function,
+                &scripts.library.singles[index],
+                &scripts.by_algorithm[index],
+            );
+            cmd.arg(1)
+                .arg(key)
+                .arg(rule.count())
+                .arg(rule.burst())
+                .arg(rule.period_us())
+                .arg(cost);
+            match now {
+                Some(now) => cmd.arg(now),
+                None => cmd.arg(""),
             };
-            reply.map_err(|e| self.failed(e))
+            if let Some(lease) = lease {
+                cmd.arg(lease);
+            }
+            cmd
+        };
+        let run = async {
+            let mut live = self.conn.get(scripts).await?;
+            call_script(
+                &mut live,
+                &self.conn,
+                scripts,
+                &scripts.by_algorithm[index],
+                call,
+            )
+            .await
+            .map_err(|e| self.failed(e))
         };
         let (allowed, remaining, reset_us, retry_us): (i64, i64, i64, i64) =
             match tokio::time::timeout(self.timeout, run).await {
@@ -1032,8 +1115,9 @@ impl Backend for RedisBackend {
         let _busy = Busy::enter(&*self.busy);
         if self.batching.is_some() {
             // Coalescing, and nothing on its way: a batch of this one
-            // release, sent now (so releases always run in the batch
-            // script, whichever way they go).
+            // release, sent now (so releases always run in a script,
+            // whichever way they go: the library's release function where
+            // it is loaded, else the batch script).
             let (job, answer) = job();
             let run = async {
                 send_batch(vec![job], &self.conn, &self.scripts).await;
@@ -1099,18 +1183,39 @@ mod tests {
 
     /// The library declares at load, and sets at each call, every name
     /// bind.lua binds (a line of another shape would leave a name unset),
-    /// and is named after the batch script's version.
+    /// and is named after one version of all it runs: its functions'
+    /// names carry it too, and every function is registered.
     #[test]
     fn the_library_binds_what_the_scripts_bind() {
-        let batch = Script::new(BATCH);
-        let library = Library::new(&batch);
-        let version = &batch.get_hash()[..16];
-        assert!(
+        let library = Library::new();
+        let version = library
+            .source
+            .lines()
+            .next()
+            .and_then(|line| line.strip_prefix("#!lua name=ratelimit_"))
+            .expect("a library header");
+        assert_eq!(version.len(), 16);
+        assert_eq!(library.function, format!("ratelimit_batch_{version}"));
+        assert_eq!(library.release, format!("ratelimit_release_{version}"));
+        for (algorithm, single) in Algorithm::ALL.iter().zip(&library.singles) {
+            assert_eq!(*single, format!("ratelimit_{}_{version}", algorithm.name()));
+        }
+        for function in library
+            .singles
+            .iter()
+            .chain([&library.function, &library.release])
+        {
+            let registered = format!("redis.register_function('{function}', function(KEYS, ARGV)");
+            assert_eq!(library.source.matches(&registered).count(), 1, "{function}");
+        }
+        // Each function sets what bind.lua binds before its body runs.
+        assert_eq!(
             library
                 .source
-                .starts_with(&format!("#!lua name=ratelimit_{version}\n"))
+                .matches("redis_call, redis_pcall = redis.call, redis.pcall\n")
+                .count(),
+            8
         );
-        assert_eq!(library.function, format!("ratelimit_batch_{version}"));
         for name in [
             "redis_call",
             "redis_pcall",
@@ -1124,11 +1229,6 @@ mod tests {
             });
             assert!(declared, "{name} not declared at load");
         }
-        assert!(
-            library
-                .source
-                .contains("redis_call, redis_pcall = redis.call, redis.pcall\n")
-        );
         let code_lines = BIND.lines().filter(|line| !line.starts_with("--")).count();
         assert_eq!(code_lines, 2, "bind.lua: only `local names = values` lines");
     }

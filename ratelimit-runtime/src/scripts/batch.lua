@@ -28,27 +28,6 @@
 -- A check's rule is unpacked once per batch, not once per check: most
 -- checks of a batch share a few rules.
 
--- Gives back the units of a concurrency lease (the limiter's release). A
--- key that another algorithm's state took over (a rule changed) holds no
--- lease to give back: ZREM's error there is dropped, not raised, so the
--- checks that share the batch still run.
-local function release(key, cost, lease)
-    if cost == 1 then
-        redis_pcall('ZREM', key, lease)
-    else
-        local members = {}
-        for unit = 0, cost - 1 do
-            members[#members + 1] = lease .. ':' .. text(unit)
-            if #members == 4000 or unit == cost - 1 then
-                if type(redis_pcall('ZREM', key, unpack(members))) == 'table' then
-                    return
-                end
-                members = {}
-            end
-        end
-    end
-end
-
 texts, aboves = {}, {}
 local run = {fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency}
 local packed, order, costs = ARGV[1], ARGV[2], ARGV[3]

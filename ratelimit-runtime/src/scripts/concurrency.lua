@@ -66,3 +66,24 @@ local function concurrency(key, now, slack, count, burst, period, cost, lease)
     end
     return allowed, remaining, reset, retry
 end
+
+-- Gives back the units of a concurrency lease (the limiter's release). A
+-- key that another algorithm's state took over (a rule changed) holds no
+-- lease to give back: ZREM's error there is dropped, not raised, so the
+-- checks that share the batch still run.
+local function release(key, cost, lease)
+    if cost == 1 then
+        redis_pcall('ZREM', key, lease)
+    else
+        local members = {}
+        for unit = 0, cost - 1 do
+            members[#members + 1] = lease .. ':' .. text(unit)
+            if #members == 4000 or unit == cost - 1 then
+                if type(redis_pcall('ZREM', key, unpack(members))) == 'table' then
+                    return
+                end
+                members = {}
+            end
+        end
+    end
+end
