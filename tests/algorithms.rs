@@ -23,52 +23,46 @@ use ratelimit_runtime::backend::memory::MemoryBackend;
 use ratelimit_runtime::{Algorithm, ManualClock, RateLimiter, Rule};
 use ratelimit_workspace::RedisServer;
 
-macro_rules! equivalence {
-    ($($name:ident => $algorithm:expr),* $(,)?) => {
-        // Checks made one after another each go alone: the algorithm's own
-        // driver, a function of the library.
-        mod redis_equals_memory {
+/// One module of equivalence tests: each algorithm's timelines through the
+/// Redis backend that `$backend` makes, against the memory backend.
+macro_rules! equivalence_through {
+    ($module:ident, $backend:path, [$($name:ident => $algorithm:expr),*]) => {
+        mod $module {
             use super::*;
             $(
                 #[tokio::test]
                 async fn $name() {
                     let server = RedisServer::start();
-                    same_decisions(&redis_backend(&server).await, $algorithm).await;
-                    server.assert_no_key_without_ttl("limiter:*");
-                    assert!(!server.keys_with_pttl("limiter:*").is_empty());
-                }
-            )*
-        }
-        // The same alone, by the rules' own scripts (`EVALSHA`): a server
-        // without functions (alone with them, the library's functions run
-        // the same drivers).
-        mod scripts_redis_equals_memory {
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    let server = RedisServer::start();
-                    same_decisions(&redis_backend_without_functions(&server).await, $algorithm).await;
-                    server.assert_no_key_without_ttl("limiter:*");
-                    assert!(!server.keys_with_pttl("limiter:*").is_empty());
-                }
-            )*
-        }
-        // The same timelines through the batch script that coalesced checks use.
-        mod batched_redis_equals_memory {
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    let server = RedisServer::start();
-                    let redis = redis_backend(&server).await.batch_every_check();
-                    same_decisions(&redis, $algorithm).await;
+                    same_decisions(&$backend(&server).await, $algorithm).await;
                     server.assert_no_key_without_ttl("limiter:*");
                     assert!(!server.keys_with_pttl("limiter:*").is_empty());
                 }
             )*
         }
     };
+}
+
+macro_rules! equivalence {
+    ($($name:ident => $algorithm:expr),* $(,)?) => {
+        // Checks made one after another each go alone: the algorithm's own
+        // driver, a function of the library.
+        equivalence_through!(redis_equals_memory, redis_backend, [$($name => $algorithm),*]);
+        // The same alone, by the rules' own scripts (`EVALSHA`): a server
+        // without functions (alone with them, the library's functions run
+        // the same drivers).
+        equivalence_through!(
+            scripts_redis_equals_memory,
+            redis_backend_without_functions,
+            [$($name => $algorithm),*]
+        );
+        // The same timelines through the batch script that coalesced checks use.
+        equivalence_through!(batched_redis_equals_memory, batching_backend, [$($name => $algorithm),*]);
+    };
+}
+
+/// A backend whose checks all go in batches.
+async fn batching_backend(server: &RedisServer) -> ratelimit_runtime::backend::redis::RedisBackend {
+    redis_backend(server).await.batch_every_check()
 }
 
 equivalence!(
