@@ -367,8 +367,8 @@ const RELEASE_FUNCTION: &str =
 /// with `FCALL`: its prelude and algorithms run once, when it is loaded, not
 /// at every call as a script's do (about 2 µs of the server's time a call).
 /// Besides the batch driver it has each algorithm's single-check driver and
-/// a release, for the calls that go alone. Its names carry the script's
-/// hash, so instances running different versions of this crate each find
+/// a release, for the calls that go alone. Its names carry a hash of all it
+/// runs, so instances running different versions of this crate each find
 /// their own.
 struct Library {
     /// The batch function.
