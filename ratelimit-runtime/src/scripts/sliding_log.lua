@@ -18,6 +18,14 @@
 -- expires `period` after its newest call.
 local LOG_IN_STRING = 16
 
+-- `now` packed as a log's time. The checks of a batch share one `now`, so it
+-- is packed once for them all (the last one packed is kept, with its time).
+local packed_for, packed_now
+local function packed(now)
+    if packed_for ~= now then packed_for, packed_now = now, struct_pack('>d', now) end
+    return packed_now
+end
+
 -- Where a string log's times still in the window at `now` start (a byte
 -- offset into `stored`), and how many there are; nil when `stored` is not a
 -- string log. A call at time t counts while now < t + period; the oldest
@@ -46,7 +54,7 @@ local function sliding_log_set(key, now, slack, count, period, cost, held)
         -- Members are unique: those already scored `now` are live and have
         -- suffixes below `held`. The time is packed (8 bytes; cheaper than
         -- decimal text).
-        add_units(key, cost, now, struct_pack('>d', now), held)
+        add_units(key, cost, now, packed(now), held)
         held = held + cost
         redis_call('PEXPIRE', key, text(math.ceil(period / 1000) + slack))
     end
@@ -91,8 +99,9 @@ local function sliding_log(key, now, slack, count, burst, period, cost)
         allowed = 1
         local ttl = text(math.ceil(period / 1000) + slack)
         if held + cost <= LOG_IN_STRING then
-            redis_call('SET', key, 'L' .. string.sub(stored, at) .. string.rep(struct_pack('>d', now), cost),
-                'PX', ttl)
+            local added = packed(now)
+            if cost > 1 then added = string.rep(added, cost) end
+            redis_call('SET', key, 'L' .. string.sub(stored, at) .. added, 'PX', ttl)
         else
             -- Outgrown: the same units as a sorted set, ranked by position.
             local args = {}
