@@ -21,7 +21,7 @@ local LOG_IN_STRING = 16
 -- `now` packed as a log's time. The checks of a batch share one `now`, so it
 -- is packed once for them all (the last one packed is kept, with its time).
 local packed_for, packed_now
-local function packed(now)
+local function packed_time(now)
     if packed_for ~= now then packed_for, packed_now = now, struct_pack('>d', now) end
     return packed_now
 end
@@ -54,7 +54,7 @@ local function sliding_log_set(key, now, slack, count, period, cost, held)
         -- Members are unique: those already scored `now` are live and have
         -- suffixes below `held`. The time is packed (8 bytes; cheaper than
         -- decimal text).
-        add_units(key, cost, now, packed(now), held)
+        add_units(key, cost, now, packed_time(now), held)
         held = held + cost
         redis_call('PEXPIRE', key, text(math.ceil(period / 1000) + slack))
     end
@@ -99,7 +99,7 @@ local function sliding_log(key, now, slack, count, burst, period, cost)
         allowed = 1
         local ttl = text(math.ceil(period / 1000) + slack)
         if held + cost <= LOG_IN_STRING then
-            local added = packed(now)
+            local added = packed_time(now)
             if cost > 1 then added = string.rep(added, cost) end
             redis_call('SET', key, 'L' .. string.sub(stored, at) .. added, 'PX', ttl)
         else
