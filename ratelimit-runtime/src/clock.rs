@@ -40,7 +40,13 @@ impl SystemClock {
     /// clock is this one).
     #[inline]
     pub(crate) fn now_micros(&self) -> u64 {
-        self.clock.delta_as_nanos(self.origin, self.clock.raw()) / 1000
+        self.nanos() / 1000
+    }
+
+    /// Whole ns since the origin.
+    #[inline]
+    fn nanos(&self) -> u64 {
+        self.clock.delta_as_nanos(self.origin, self.clock.raw())
     }
 }
 
@@ -52,7 +58,7 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Duration {
-        Duration::from_nanos(self.clock.delta_as_nanos(self.origin, self.clock.raw()))
+        Duration::from_nanos(self.nanos())
     }
 }
 
