@@ -28,6 +28,7 @@
 //!   read at start-up and again whenever it changes, while serving; a bad
 //!   file is reported and changes nothing.
 
+use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{App, HttpResponse, HttpServer, Responder, get, web};
 use ratelimit_runtime::{
     ClientHeader, HeaderStyle, HttpOptions, RateLimited, RateLimiter, rate_limit,
@@ -84,6 +85,23 @@ async fn user(name: web::Path<String>) -> impl Responder {
 #[get("/bench/limited")]
 async fn bench_limited() -> impl Responder {
     "ok\n"
+}
+
+/// For the HTTP benchmark: the handler without the attribute, sending two
+/// header fields of the same names and lengths as the limited endpoint's, as
+/// constants (what the fields cost on their own, with no limiter).
+#[get("/bench/fields")]
+async fn bench_fields() -> impl Responder {
+    const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+    const STATE: HeaderName = HeaderName::from_static("ratelimit");
+    const POLICY_VALUE: HeaderValue = HeaderValue::from_static("\"bench\";q=1000000000;w=1");
+    const STATE_VALUE: HeaderValue = HeaderValue::from_static("\"bench\";r=999999999;t=1");
+    let mut response = HttpResponse::Ok()
+        .content_type("text/plain; charset=utf-8")
+        .body("ok\n");
+    response.headers_mut().append(POLICY, POLICY_VALUE);
+    response.headers_mut().append(STATE, STATE_VALUE);
+    response
 }
 
 #[get("/bench/plain")]
@@ -184,6 +202,7 @@ async fn main() -> std::io::Result<()> {
             .service(user)
             .service(bench_limited)
             .service(bench_plain)
+            .service(bench_fields)
             .default_service(web::to(|| async {
                 HttpResponse::NotFound().body("not found\n")
             }))
