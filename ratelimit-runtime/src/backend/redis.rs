@@ -356,6 +356,14 @@ const BATCH: &str = concat!(
     include_str!("../scripts/batch.lua"),
 );
 
+/// The driver of one check alone (after `local check = <algorithm>`): the
+/// end of each algorithm's own script, and of its function in the library.
+const SINGLE: &str = include_str!("../scripts/single.lua");
+
+/// The driver of a batch: the end of the batch script, and the body of the
+/// library's batch function.
+const BATCH_DRIVER: &str = include_str!("../scripts/batch.lua");
+
 /// The library's release function: KEYS[1] the key, ARGV the cost and the
 /// lease id; it answers as a batch of releases does, with nothing. (`text`,
 /// for the members of a lease of several units, needs its table: a
@@ -386,16 +394,9 @@ impl Library {
     fn new() -> Library {
         // What the library runs, hashed: a change to any of it is a new
         // version, with names of its own.
-        let digest = sha1_smol::Sha1::from(
-            [
-                BATCH,
-                include_str!("../scripts/single.lua"),
-                RELEASE_FUNCTION,
-            ]
-            .concat(),
-        )
-        .digest()
-        .to_string();
+        let digest = sha1_smol::Sha1::from([BATCH, SINGLE, RELEASE_FUNCTION].concat())
+            .digest()
+            .to_string();
         let version = &digest[..16];
         let function = format!("ratelimit_batch_{version}");
         let singles = Algorithm::ALL.map(|a| format!("ratelimit_{}_{version}", a.name()));
@@ -422,13 +423,9 @@ impl Library {
             source.push_str(body);
             source.push_str("\nend)\n");
         };
-        register(&function, include_str!("../scripts/batch.lua"));
+        register(&function, BATCH_DRIVER);
         for (algorithm, name) in Algorithm::ALL.iter().zip(&singles) {
-            let single = format!(
-                "local check = {}\n{}",
-                algorithm.name(),
-                include_str!("../scripts/single.lua")
-            );
+            let single = format!("local check = {}\n{SINGLE}", algorithm.name());
             register(name, &single);
         }
         register(&release, RELEASE_FUNCTION);
