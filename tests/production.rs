@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ratelimit_runtime::{Error, OnError, RateLimiter, Rule};
+use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
+use ratelimit_runtime::{Backend, Error, OnError, RateLimiter, Rule};
 use ratelimit_workspace::RedisServer;
 
 mod common;
@@ -256,6 +257,105 @@ async fn a_server_that_never_answers_costs_a_deadline_not_a_hang() {
         "the breaker did not stop the waiting: {:?}",
         started.elapsed()
     );
+}
+
+/// A backend whose every check goes in a batch, with the tests' deadline.
+async fn batching(url: &str, lazy: bool) -> RedisBackend {
+    let options = ConnectOptions {
+        timeout: DEADLINE,
+        connect_timeout: Duration::from_millis(1500),
+        lazy,
+        ..ConnectOptions::default()
+    };
+    RedisBackend::open(url, options)
+        .await
+        .expect("connecting to the test redis-server")
+        .batch_every_check()
+}
+
+/// Checks that wait for batches have no timer of their own: the task that
+/// sends the batches answers each by its deadline. With Redis paused, far
+/// more checks than the batches in flight hold (8 of 128): the first
+/// batches time out in Redis, the checks queued behind them in the queue,
+/// all within about one deadline (sent batch after batch, the last would
+/// wait 20 deadlines).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_fails_every_batched_check_by_its_deadline() {
+    let server = RedisServer::start();
+    let backend = batching(&server.url(), false).await;
+    let rule = Rule::fixed_window(1_000_000, Duration::from_secs(60));
+    assert!(
+        backend
+            .check(&rule, "limiter:batched", 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+
+    server.pause();
+    let started = Instant::now();
+    let checks: Vec<_> = (0..20_000)
+        .map(|i| {
+            let backend = backend.clone();
+            tokio::spawn(async move {
+                timed(backend.check(&rule, &format!("limiter:batched:{i}"), 1)).await
+            })
+        })
+        .collect();
+    for check in checks {
+        let answer = check.await.expect("no check panicked");
+        assert!(matches!(answer, Err(Error::Backend(_))), "{answer:?}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "20,000 checks took {:?}",
+        started.elapsed()
+    );
+
+    server.resume();
+    let again = Instant::now();
+    loop {
+        match backend.check(&rule, "limiter:batched", 1).await {
+            Ok(decision) => {
+                assert_eq!(decision.remaining, 1_000_000 - 2, "its first call kept");
+                break;
+            }
+            Err(error) => assert!(
+                again.elapsed() < Duration::from_secs(2),
+                "batches do not answer after SIGCONT: {error}"
+            ),
+        }
+    }
+}
+
+/// A lazy start against a server that never answers: batched checks time
+/// out by their deadline (100 ms), far shorter than the connect timeout (1.5
+/// s), while connecting goes on behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_checks_do_not_wait_for_a_connection_being_made() {
+    let url = format!("redis://{}/", silent_server());
+    let backend = batching(&url, true).await;
+    let rule = Rule::gcra(10, Duration::from_secs(1));
+    for round in 0..5 {
+        let checks: Vec<_> = (0..64)
+            .map(|i| {
+                let backend = backend.clone();
+                tokio::spawn(async move {
+                    let started = Instant::now();
+                    let answer = backend.check(&rule, &format!("limiter:lazy:{i}"), 1).await;
+                    (answer, started.elapsed())
+                })
+            })
+            .collect();
+        for check in checks {
+            let (answer, took) = check.await.expect("no check panicked");
+            assert!(matches!(answer, Err(Error::Backend(_))), "{answer:?}");
+            assert!(
+                took < Duration::from_secs(1),
+                "round {round}: a check waited {took:?} (deadline 100 ms, connect timeout 1.5 s)"
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

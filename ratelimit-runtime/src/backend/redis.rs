@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{self, AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
@@ -15,7 +15,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedMutexGuard, Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::Backend;
 use crate::algorithm::Outcome;
@@ -82,6 +83,9 @@ struct Conn {
     live: std::sync::RwLock<Option<Live>>,
     /// Held while connecting: one attempt at a time.
     connecting: tokio::sync::Mutex<()>,
+    /// Whether an attempt to connect goes on in a task of its own, after
+    /// the checks that started it ran out of time (one such task at most).
+    finishing: AtomicBool,
     timeout: Duration,
     connect_timeout: Duration,
     /// Whether to load the batch script as a function library (asked for,
@@ -469,6 +473,9 @@ struct Job {
     cost: u64,
     now: Option<u64>,
     lease: Option<u64>,
+    /// When its caller stops waiting: the batch task answers it `TimedOut`
+    /// by then (so a check costs no timer of its own; a batch has one).
+    deadline: Instant,
     reply: oneshot::Sender<Result<[i64; 4], Error>>,
 }
 
@@ -505,6 +512,7 @@ impl Job {
         cost: u64,
         now: Option<u64>,
         lease: Option<u64>,
+        deadline: Instant,
     ) -> (Job, Answer) {
         let (reply, answer) = oneshot::channel();
         let job = Job {
@@ -516,6 +524,7 @@ impl Job {
             cost,
             now,
             lease,
+            deadline,
             reply,
         };
         (job, answer)
@@ -542,36 +551,56 @@ struct Batching {
 
 impl Batching {
     /// Starts the task of `backend`'s batches on the current runtime, unless
-    /// it runs.
-    fn ensure_running(&self, backend: &RedisBackend) {
+    /// it runs. `false` when none runs and none can start (not on a Tokio
+    /// runtime).
+    fn ensure_running(&self, backend: &RedisBackend) -> bool {
         if self.running.load(Ordering::Acquire)
             || self
                 .running
                 .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
                 .is_err()
         {
-            return;
+            return true;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             self.running.store(false, Ordering::Release);
-            return;
+            return false;
         };
         runtime.spawn(run_batches(
             Arc::clone(&self.jobs),
-            Running(Arc::clone(&self.running)),
+            Running {
+                flag: Arc::clone(&self.running),
+                queue: None,
+            },
             Arc::clone(&backend.conn),
             Arc::clone(&backend.scripts),
             Arc::clone(&backend.busy),
+            backend.timeout,
         ));
+        true
     }
 }
 
-/// Clears [`Batching::running`] when the task ends or is dropped.
-struct Running(Arc<AtomicBool>);
+/// The running task's hold on the queue. When the task ends or is dropped
+/// (with its runtime), this clears [`Batching::running`] and then drops the
+/// jobs still queued, so that their callers hear `Stopped` at once instead
+/// of waiting for a task that is gone (callers wait on their answer alone,
+/// with no timer of their own). A job queued after that finds the flag
+/// cleared and starts a new task (see [`RedisBackend::queued`]).
+struct Running {
+    flag: Arc<AtomicBool>,
+    queue: Option<OwnedMutexGuard<mpsc::UnboundedReceiver<Job>>>,
+}
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        self.flag.store(false, Ordering::SeqCst);
+        // Pairs with the fence in `queued`: a job is either seen here or
+        // its caller sees the flag cleared.
+        atomic::fence(Ordering::SeqCst);
+        if let Some(queue) = &mut self.queue {
+            while queue.try_recv().is_ok() {}
+        }
     }
 }
 
@@ -584,10 +613,11 @@ async fn run_batches(
     conn: Arc<Conn>,
     scripts: Arc<Scripts>,
     busy: Arc<AtomicUsize>,
+    timeout: Duration,
 ) {
-    let _running = running;
+    let mut running = running;
     // Free at once, or as soon as the task this one replaces is dropped.
-    let mut queue = queue.lock_owned().await;
+    let queue = running.queue.insert(queue.lock_owned().await);
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     loop {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
@@ -610,19 +640,32 @@ async fn run_batches(
         let (conn, scripts) = (Arc::clone(&conn), Arc::clone(&scripts));
         let busy = Busy::enter(Arc::clone(&busy));
         tokio::spawn(async move {
-            send_batch(jobs, &conn, &scripts).await;
+            send_batch(jobs, &conn, &scripts, timeout).await;
             drop((slot, busy));
         });
     }
 }
 
-/// Runs one batch and hands each check its answer (or the batch's error).
-async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
-    // A check whose caller gave up (timed out, cancelled) is not run.
+/// Runs one batch and hands each check its answer (or the batch's error)
+/// by the checks' deadline: a check that waited past its deadline for a
+/// batch is answered `TimedOut` without being sent, and a batch that Redis
+/// does not answer in time (or whose connection is not made in time) times
+/// out at its earliest check's deadline (`timeout` is for the message).
+async fn send_batch(
+    mut jobs: Vec<Job>,
+    conn: &Arc<Conn>,
+    scripts: &Arc<Scripts>,
+    timeout: Duration,
+) {
+    // A check whose caller gave up (cancelled) is not run.
     jobs.retain(|job| !job.reply.is_closed());
-    if jobs.is_empty() {
-        return;
+    let now = Instant::now();
+    for late in jobs.extract_if(.., |job| job.deadline <= now) {
+        let _ = late.reply.send(Err(Error::backend(TimedOut(timeout))));
     }
+    let Some(deadline) = jobs.iter().map(|job| job.deadline).min() else {
+        return;
+    };
     // The checks that keep a string state first (each key's first one read
     // ahead), then the other checks, then the releases (see batch.lua).
     jobs.sort_unstable_by_key(Job::place);
@@ -689,13 +732,29 @@ async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
         }
         cmd
     };
-    let reply: Result<Vec<u8>, Error> = async {
+    let run = async {
         let mut live = conn.get(scripts).await?;
         call_script(&mut live, conn, scripts, &scripts.batch, call)
             .await
             .map_err(Error::backend)
-    }
-    .await;
+    };
+    let reply: Result<Vec<u8>, Error> = match tokio::time::timeout_at(deadline, run).await {
+        Ok(reply) => reply,
+        Err(_) => {
+            if conn.current().is_none() && !conn.finishing.swap(true, Ordering::AcqRel) {
+                // The connection was being made when the checks ran out of
+                // time: an attempt goes on (within the connect timeout) for
+                // the checks to come, as a batch's did before it had a
+                // deadline.
+                let (conn, scripts) = (Arc::clone(conn), Arc::clone(scripts));
+                tokio::spawn(async move {
+                    let _ = conn.get(&scripts).await;
+                    conn.finishing.store(false, Ordering::Release);
+                });
+            }
+            Err(Error::backend(TimedOut(timeout)))
+        }
+    };
     match reply {
         Ok(packed) if packed.len() == 32 * checks => {
             // The checks' answers, in order; the releases after them get none.
@@ -726,6 +785,16 @@ async fn send_batch(mut jobs: Vec<Job>, conn: &Conn, scripts: &Scripts) {
             }
         }
     }
+}
+
+/// A job's answer. The batch task gives it by the job's deadline, or drops
+/// the job when the task is gone (its runtime ended).
+async fn answered(
+    answer: impl Future<Output = Result<Result<[i64; 4], Error>, oneshot::error::RecvError>>,
+) -> Result<[i64; 4], Error> {
+    answer
+        .await
+        .unwrap_or_else(|_| Err(Error::backend(Stopped)))
 }
 
 /// Puts the first check of each key first, and a key's later checks (a hot
@@ -883,6 +952,7 @@ impl RedisBackend {
                 target,
                 live: std::sync::RwLock::new(None),
                 connecting: tokio::sync::Mutex::new(()),
+                finishing: AtomicBool::new(false),
                 timeout: options.timeout,
                 connect_timeout: options.connect_timeout,
                 // Without coalescing every check is its own `EVALSHA`.
@@ -929,8 +999,9 @@ impl RedisBackend {
         let [allowed, remaining, reset_us, retry_us] = match self.queue_for_now() {
             Some(batching) => {
                 let what = algorithm_index(rule.algorithm()) as u8 + 1;
-                self.queued(batching, Job::new(what, rule, key, cost, now, lease))
-                    .await?
+                let deadline = Instant::now() + self.timeout;
+                let job = Job::new(what, rule, key, cost, now, lease, deadline);
+                self.queued(batching, job).await?
             }
             None => {
                 let _busy = Busy::enter(&*self.busy);
@@ -974,23 +1045,18 @@ impl RedisBackend {
         batching: &Batching,
         (job, answer): (Job, Answer),
     ) -> Result<[i64; 4], Error> {
-        batching.ensure_running(self);
-        if batching.queue.send(job).is_err() {
+        if !batching.ensure_running(self) || batching.queue.send(job).is_err() {
             return Err(Error::backend(Stopped));
         }
-        self.answered(answer).await
-    }
-
-    /// A job's answer, within the deadline.
-    async fn answered(
-        &self,
-        answer: impl Future<Output = Result<Result<[i64; 4], Error>, oneshot::error::RecvError>>,
-    ) -> Result<[i64; 4], Error> {
-        match tokio::time::timeout(self.timeout, answer).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(Error::backend(Stopped)),
-            Err(_) => Err(Error::backend(TimedOut(self.timeout))),
+        // The task may have ended as the job went in (its runtime ended):
+        // then the job was dropped with the queue's rest (its caller hears
+        // `Stopped`), or it waits for the task started here. Pairs with the
+        // fence in `Running::drop`.
+        atomic::fence(Ordering::SeqCst);
+        if !batching.ensure_running(self) {
+            return Err(Error::backend(Stopped));
         }
+        answered(answer).await
     }
 
     /// The error of a call that failed (a cluster connection that is gone is
@@ -1105,7 +1171,10 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, rule: &Rule, key: &str, cost: u64, lease: u64) -> Result<(), Error> {
-        let job = || Job::new(RELEASE, rule, key, cost, None, Some(lease));
+        let job = || {
+            let deadline = Instant::now() + self.timeout;
+            Job::new(RELEASE, rule, key, cost, None, Some(lease), deadline)
+        };
         if let Some(batching) = self.queue_for_now() {
             return self.queued(batching, job()).await.map(drop);
         }
@@ -1117,10 +1186,10 @@ impl Backend for RedisBackend {
             // it is loaded, else the batch script).
             let (job, answer) = job();
             let run = async {
-                send_batch(vec![job], &self.conn, &self.scripts).await;
+                send_batch(vec![job], &self.conn, &self.scripts, self.timeout).await;
                 answer.await
             };
-            return self.answered(run).await.map(drop);
+            return answered(run).await.map(drop);
         }
         // The members concurrency.lua adds: "lease" for one unit, else
         // "lease:unit" for each.
@@ -1233,7 +1302,7 @@ mod tests {
     fn jobs(keys: &[&str]) -> Vec<Job> {
         let rule = Rule::new(Algorithm::FixedWindow, 10, Duration::from_secs(1));
         keys.iter()
-            .map(|key| Job::new(1, &rule, key, 1, None, None).0)
+            .map(|key| Job::new(1, &rule, key, 1, None, None, Instant::now()).0)
             .collect()
     }
 
