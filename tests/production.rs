@@ -456,3 +456,84 @@ fn a_limiter_outlives_the_runtime_it_was_built_on() {
         assert!(exists(&server, &format!("limiter:outlived:{i}")), "key {i}");
     }
 }
+
+/// The runtime that runs the batch task ends while checks made on another
+/// runtime wait in its queue (Redis paused, the batches in flight stuck, the
+/// deadline long). Those checks have no timer of their own: they hear at
+/// once that the task stopped, instead of waiting for it; the next checks
+/// start a new task on their own runtime, and pass once Redis is back.
+#[test]
+fn checks_queued_when_the_batch_task_ends_hear_it_at_once() {
+    let server = RedisServer::start();
+    let first = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let options = ConnectOptions {
+        timeout: Duration::from_secs(30),
+        ..ConnectOptions::default()
+    };
+    let backend = first
+        .block_on(RedisBackend::open(&server.url(), options))
+        .expect("connecting to the test redis-server")
+        .batch_every_check();
+    let rule = Rule::fixed_window(1_000_000, Duration::from_secs(60));
+    // The batch task runs on `first`.
+    assert!(
+        first
+            .block_on(backend.check(&rule, "limiter:ended", 1))
+            .unwrap()
+            .allowed
+    );
+
+    server.pause();
+    let second = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let waiting: Vec<_> = (0..2000)
+        .map(|i| {
+            let backend = backend.clone();
+            second
+                .spawn(async move { backend.check(&rule, &format!("limiter:ended:{i}"), 1).await })
+        })
+        .collect();
+    // The batches in flight wait on the paused server, the rest in the queue.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        waiting.iter().all(|check| !check.is_finished()),
+        "a check was answered while Redis was paused and the deadline 30 s away"
+    );
+    first.shutdown_background();
+    second.block_on(async {
+        for check in waiting {
+            let answer = tokio::time::timeout(Duration::from_secs(5), check)
+                .await
+                .expect("a check still waits for the batch task that ended")
+                .expect("no check panicked");
+            assert!(matches!(answer, Err(Error::Backend(_))), "{answer:?}");
+        }
+    });
+
+    server.resume();
+    second.block_on(async {
+        let started = Instant::now();
+        loop {
+            match backend.check(&rule, "limiter:ended", 1).await {
+                Ok(decision) => {
+                    assert_eq!(decision.remaining, 1_000_000 - 2, "its first call kept");
+                    break;
+                }
+                Err(error) => {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(10),
+                        "checks on the second runtime do not pass: {error}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    });
+}
