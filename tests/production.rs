@@ -538,3 +538,57 @@ fn checks_queued_when_the_batch_task_ends_hear_it_at_once() {
         Duration::from_secs(10),
     ));
 }
+
+/// A backend built on a current-thread runtime that is kept but no longer
+/// driven: its batch task never runs again. Checks made on another runtime
+/// still come back by their deadline (they keep a timer of their own there),
+/// failing, not hanging.
+#[test]
+fn checks_whose_batch_task_is_not_driven_fail_by_their_deadline() {
+    let server = RedisServer::start();
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let options = ConnectOptions {
+        timeout: DEADLINE,
+        ..ConnectOptions::default()
+    };
+    let backend = first
+        .block_on(RedisBackend::open(&server.url(), options))
+        .expect("connecting to the test redis-server")
+        .batch_every_check();
+    let rule = Rule::fixed_window(1_000_000, Duration::from_secs(60));
+    assert!(
+        first
+            .block_on(backend.check(&rule, "limiter:undriven", 1))
+            .unwrap()
+            .allowed
+    );
+    // `first` lives on, not driven.
+    let second = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        let checks: Vec<_> = (0..64)
+            .map(|i| {
+                let backend = backend.clone();
+                tokio::spawn(async move {
+                    backend
+                        .check(&rule, &format!("limiter:undriven:{i}"), 1)
+                        .await
+                })
+            })
+            .collect();
+        for check in checks {
+            let answer = tokio::time::timeout(Duration::from_secs(1), check)
+                .await
+                .expect("a check waits for a batch task that never runs")
+                .expect("no check panicked");
+            assert!(matches!(answer, Err(Error::Backend(_))), "{answer:?}");
+        }
+    });
+    drop(first);
+}

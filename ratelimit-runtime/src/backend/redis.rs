@@ -547,6 +547,43 @@ struct Batching {
     /// Whether the task runs (cleared when it ends, or is dropped with its
     /// runtime).
     running: Arc<AtomicBool>,
+    /// The runtime the task was last started on.
+    home: Arc<Home>,
+}
+
+/// The runtime the batch task runs on: whether it answers a check by its
+/// deadline with no timer of the check's own. A multi-thread runtime's
+/// workers run the task whoever waits; a current-thread runtime runs it only
+/// while it is driven, as it is when the check runs on it.
+#[derive(Debug, Default)]
+struct Home {
+    multi_thread: AtomicBool,
+    /// A current-thread runtime's id.
+    current_thread: std::sync::Mutex<Option<tokio::runtime::Id>>,
+}
+
+impl Home {
+    fn set(&self, runtime: &tokio::runtime::Handle) {
+        let multi = runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
+        *self
+            .current_thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = (!multi).then(|| runtime.id());
+        self.multi_thread.store(multi, Ordering::Release);
+    }
+
+    /// Whether the task answers a check made here by its deadline.
+    fn answers_here(&self) -> bool {
+        if self.multi_thread.load(Ordering::Acquire) {
+            return true;
+        }
+        let home = *self
+            .current_thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        home.is_some()
+            && tokio::runtime::Handle::try_current().is_ok_and(|here| Some(here.id()) == home)
+    }
 }
 
 impl Batching {
@@ -566,6 +603,7 @@ impl Batching {
             self.running.store(false, Ordering::Release);
             return false;
         };
+        self.home.set(&runtime);
         runtime.spawn(run_batches(
             Arc::clone(&self.jobs),
             Running {
@@ -971,6 +1009,7 @@ impl RedisBackend {
                 queue,
                 jobs: Arc::new(tokio::sync::Mutex::new(jobs)),
                 running: Arc::new(AtomicBool::new(false)),
+                home: Arc::default(),
             };
             batching.ensure_running(&backend);
             backend.batching = Some(batching);
@@ -1056,7 +1095,16 @@ impl RedisBackend {
         if !batching.ensure_running(self) {
             return Err(Error::backend(Stopped));
         }
-        answered(answer).await
+        if batching.home.answers_here() {
+            return answered(answer).await;
+        }
+        // The task runs on a current-thread runtime that is not this one,
+        // and runs only while that runtime is driven (a limiter built on one
+        // and used elsewhere): this check keeps a timer of its own.
+        match tokio::time::timeout(self.timeout, answered(answer)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(Error::backend(TimedOut(self.timeout))),
+        }
     }
 
     /// The error of a call that failed (a cluster connection that is gone is
