@@ -474,7 +474,8 @@ struct Job {
     now: Option<u64>,
     lease: Option<u64>,
     /// When its caller stops waiting: the batch task answers it `TimedOut`
-    /// by then (so a check costs no timer of its own; a batch has one).
+    /// by then (so a check costs no timer of its own where that task is sure
+    /// to run, see [`Home`]; a batch has one).
     deadline: Instant,
     reply: oneshot::Sender<Result<[i64; 4], Error>>,
 }
@@ -622,9 +623,9 @@ impl Batching {
 /// The running task's hold on the queue. When the task ends or is dropped
 /// (with its runtime), this clears [`Batching::running`] and then drops the
 /// jobs still queued, so that their callers hear `Stopped` at once instead
-/// of waiting for a task that is gone (callers wait on their answer alone,
-/// with no timer of their own). A job queued after that finds the flag
-/// cleared and starts a new task (see [`RedisBackend::queued`]).
+/// of waiting for a task that is gone (most callers wait on their answer
+/// alone, with no timer of their own). A job queued after that finds the
+/// flag cleared and starts a new task (see [`RedisBackend::queued`]).
 struct Running {
     flag: Arc<AtomicBool>,
     queue: Option<OwnedMutexGuard<mpsc::UnboundedReceiver<Job>>>,
