@@ -483,29 +483,17 @@ fn checks_queued_when_the_batch_task_ends_hear_it_at_once() {
         .enable_all()
         .build()
         .unwrap();
-    let options = ConnectOptions {
-        timeout: Duration::from_secs(30),
-        ..ConnectOptions::default()
-    };
-    let backend = first
-        .block_on(RedisBackend::open(&server.url(), options))
-        .expect("connecting to the test redis-server")
-        .batch_every_check();
     let rule = Rule::fixed_window(1_000_000, Duration::from_secs(60));
-    // The batch task runs on `first`.
-    assert!(
-        first
-            .block_on(backend.check(&rule, "limiter:ended", 1))
-            .unwrap()
-            .allowed
+    let backend = batching_on(
+        &first,
+        &server,
+        Duration::from_secs(30),
+        &rule,
+        "limiter:ended",
     );
 
     server.pause();
-    let second = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let second = two_workers();
     let waiting: Vec<_> = (0..2000)
         .map(|i| {
             let backend = backend.clone();
@@ -550,27 +538,10 @@ fn checks_whose_batch_task_is_not_driven_fail_by_their_deadline() {
         .enable_all()
         .build()
         .unwrap();
-    let options = ConnectOptions {
-        timeout: DEADLINE,
-        ..ConnectOptions::default()
-    };
-    let backend = first
-        .block_on(RedisBackend::open(&server.url(), options))
-        .expect("connecting to the test redis-server")
-        .batch_every_check();
     let rule = Rule::fixed_window(1_000_000, Duration::from_secs(60));
-    assert!(
-        first
-            .block_on(backend.check(&rule, "limiter:undriven", 1))
-            .unwrap()
-            .allowed
-    );
+    let backend = batching_on(&first, &server, DEADLINE, &rule, "limiter:undriven");
     // `first` lives on, not driven.
-    let second = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let second = two_workers();
     second.block_on(async {
         let checks: Vec<_> = (0..64)
             .map(|i| {
@@ -591,4 +562,38 @@ fn checks_whose_batch_task_is_not_driven_fail_by_their_deadline() {
         }
     });
     drop(first);
+}
+
+/// A backend whose every check goes in a batch, opened on `runtime`, which
+/// then runs its batch task (its first check, of `key`, passes there).
+fn batching_on(
+    runtime: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    timeout: Duration,
+    rule: &Rule,
+    key: &str,
+) -> RedisBackend {
+    let options = ConnectOptions {
+        timeout,
+        ..ConnectOptions::default()
+    };
+    let backend = runtime
+        .block_on(RedisBackend::open(&server.url(), options))
+        .expect("connecting to the test redis-server")
+        .batch_every_check();
+    assert!(
+        runtime
+            .block_on(backend.check(rule, key, 1))
+            .unwrap()
+            .allowed
+    );
+    backend
+}
+
+fn two_workers() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
