@@ -213,15 +213,11 @@ impl Conn {
             if let Some(live) = self.current() {
                 return Ok(live);
             }
-            let live = self.connect(scripts).await?;
+            let live = self.connect(scripts).await.map_err(Error::backend)?;
             *self.live.write().unwrap_or_else(PoisonError::into_inner) = Some(live.clone());
-            Ok::<_, RedisError>(live)
+            Ok(live)
         });
-        match tokio::time::timeout(self.connect_timeout, connect).await {
-            Ok(Ok(live)) => Ok(live),
-            Ok(Err(e)) => Err(Error::backend(e)),
-            Err(_) => Err(Error::backend(TimedOut(self.connect_timeout))),
-        }
+        within(self.connect_timeout, connect).await
     }
 
     fn current(&self) -> Option<Live> {
@@ -1102,10 +1098,7 @@ impl RedisBackend {
         // The task runs on a current-thread runtime that is not this one,
         // and runs only while that runtime is driven (a limiter built on one
         // and used elsewhere): this check keeps a timer of its own.
-        match tokio::time::timeout(self.timeout, answered(answer)).await {
-            Ok(answer) => answer,
-            Err(_) => Err(Error::backend(TimedOut(self.timeout))),
-        }
+        within(self.timeout, answered(answer)).await
     }
 
     /// The error of a call that failed (a cluster connection that is gone is
@@ -1163,10 +1156,7 @@ impl RedisBackend {
             .map_err(|e| self.failed(e))
         };
         let (allowed, remaining, reset_us, retry_us): (i64, i64, i64, i64) =
-            match tokio::time::timeout(self.timeout, run).await {
-                Ok(reply) => reply?,
-                Err(_) => return Err(Error::backend(TimedOut(self.timeout))),
-            };
+            within(self.timeout, run).await?;
         Ok([allowed, remaining, reset_us, retry_us])
     }
 
@@ -1261,11 +1251,18 @@ impl Backend for RedisBackend {
                 Err(e) => Err(self.failed(e)),
             }
         };
-        match tokio::time::timeout(self.timeout, run).await {
-            Ok(reply) => reply,
-            Err(_) => Err(Error::backend(TimedOut(self.timeout))),
-        }
+        within(self.timeout, run).await
     }
+}
+
+/// `work`'s result, or [`TimedOut`] once `limit` has passed.
+async fn within<T>(
+    limit: Duration,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    tokio::time::timeout(limit, work)
+        .await
+        .unwrap_or_else(|_| Err(Error::backend(TimedOut(limit))))
 }
 
 /// Redis did not answer within the deadline.
