@@ -508,15 +508,11 @@ fn checks_queued_when_the_batch_task_ends_hear_it_at_once() {
         "a check was answered while Redis was paused and the deadline 30 s away"
     );
     first.shutdown_background();
-    second.block_on(async {
-        for check in waiting {
-            let answer = tokio::time::timeout(Duration::from_secs(5), check)
-                .await
-                .expect("a check still waits for the batch task that ended")
-                .expect("no check panicked");
-            assert!(matches!(answer, Err(Error::Backend(_))), "{answer:?}");
-        }
-    });
+    second.block_on(each_fails_within(
+        waiting,
+        Duration::from_secs(5),
+        "a check still waits for the batch task that ended",
+    ));
 
     server.resume();
     second.block_on(second_call_passes(
@@ -553,15 +549,30 @@ fn checks_whose_batch_task_is_not_driven_fail_by_their_deadline() {
                 })
             })
             .collect();
-        for check in checks {
-            let answer = tokio::time::timeout(Duration::from_secs(1), check)
-                .await
-                .expect("a check waits for a batch task that never runs")
-                .expect("no check panicked");
-            assert!(matches!(answer, Err(Error::Backend(_))), "{answer:?}");
-        }
+        each_fails_within(
+            checks,
+            Duration::from_secs(1),
+            "a check waits for a batch task that never runs",
+        )
+        .await;
     });
     drop(first);
+}
+
+/// Each check comes back within `limit` (else fails with `hanging`), with a
+/// backend error.
+async fn each_fails_within<T: std::fmt::Debug>(
+    checks: Vec<tokio::task::JoinHandle<Result<T, Error>>>,
+    limit: Duration,
+    hanging: &str,
+) {
+    for check in checks {
+        let answer = tokio::time::timeout(limit, check)
+            .await
+            .expect(hanging)
+            .expect("no check panicked");
+        assert!(matches!(answer, Err(Error::Backend(_))), "{answer:?}");
+    }
 }
 
 /// A backend whose every check goes in a batch, opened on `runtime`, which
