@@ -22,48 +22,16 @@
 //! for the sliding log and concurrency (1 ms, so logs and leases stay short:
 //! their keys are stored again at each visit).
 
+mod common;
+
 use std::hint::black_box;
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{KEYS, governor, keys, ours, rule};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use governor::{DefaultKeyedRateLimiter, Quota};
 use ratelimit_runtime::backend::memory::MemoryBackend;
-use ratelimit_runtime::{Algorithm, RateLimiter, Rule};
-use ratelimit_workspace::ready;
-
-const KEYS: usize = 100_000;
-
-fn keys() -> Vec<String> {
-    (0..KEYS).map(|i| format!("limiter:user:{i}")).collect()
-}
-
-/// A rule that never refuses. Keys keep their state between visits, as
-/// governor's do, except the sliding log's and concurrency's, whose window
-/// stays short so logs and lease lists stay short (those keys expire between
-/// visits and are stored again: the insert-and-sweep path).
-///
-/// The buckets need two shapes for that: one key visited every few ns keeps
-/// a bucket that refills about as fast (a billion per 4 s); 100k keys each
-/// visited every few ms keep a huge bucket that refills slowly (a million
-/// tokens, one more an hour), whose state then lasts. A fast-refilling
-/// bucket would be full again, so expired, before each key's next visit.
-fn rule(algorithm: Algorithm, many_keys: bool) -> Rule {
-    match algorithm {
-        Algorithm::SlidingLog | Algorithm::Concurrency => {
-            Rule::new(algorithm, 1_000_000_000, Duration::from_millis(1))
-        }
-        // Within 2^52 µs·tokens, as the rule requires.
-        Algorithm::TokenBucket | Algorithm::Gcra if many_keys => {
-            Rule::new(algorithm, 1, Duration::from_secs(3600)).with_burst(1_000_000)
-        }
-        Algorithm::TokenBucket | Algorithm::Gcra => {
-            Rule::new(algorithm, 1_000_000_000, Duration::from_secs(4)).with_burst(1_000_000_000)
-        }
-        _ => Rule::new(algorithm, 1_000_000_000, Duration::from_secs(3600)),
-    }
-}
+use ratelimit_runtime::{Algorithm, RateLimiter};
 
 /// The positions `0..n` in one fixed random order (Fisher-Yates over a
 /// xorshift sequence), the same for every run.
@@ -77,22 +45,6 @@ fn shuffled(n: usize) -> Vec<usize> {
         order.swap(i, (x % (i as u64 + 1)) as usize);
     }
     order
-}
-
-fn governor() -> DefaultKeyedRateLimiter<String> {
-    governor::RateLimiter::keyed(Quota::per_second(NonZeroU32::MAX))
-}
-
-/// One check-and-consume of our limiter (a concurrency rule takes and
-/// releases its lease, as a call does, through an installed limiter as the
-/// attribute's calls are: see `RateLimiter::acquire` for one not installed).
-fn ours(store: &MemoryBackend, limiter: &RateLimiter, rule: &Rule, key: &str) {
-    if rule.algorithm() == Algorithm::Concurrency {
-        let permit = ready(limiter.acquire(rule, key, 1)).unwrap();
-        black_box(permit.decision().allowed);
-    } else {
-        black_box(store.check_now(rule, key, 1).allowed);
-    }
 }
 
 /// Runs `iters` checks on `threads` threads, `step` for check `i` of a thread.

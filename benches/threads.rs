@@ -1,0 +1,120 @@
+//! Does throughput grow from 1 to 2 threads? The in-memory check over 100k
+//! keys (the work of `memory/100k_keys` and `memory/100k_keys_2_threads`),
+//! measured as pairs of back-to-back runs, one thread then two or two then
+//! one (the order alternates), so a drift of the shared machine falls on
+//! both halves of a pair alike.
+//!
+//! `cargo bench --bench threads [-- --rounds 21 --checks 1000000]`
+//!
+//! Criterion's two rows of an algorithm run seconds apart, and on these two
+//! shared cores a row on two threads needs both cores for its whole length:
+//! one slow stretch in either row decides the comparison. Here each round is
+//! a pair, its gain the 1-thread time per check over the 2-thread wall time
+//! per check (above 1: throughput grows), and the median round is the
+//! answer. Prints one JSON line per limiter: `{"limiter", "one_thread_ns",
+//! "two_threads_ns", "gain", "gains"}`, the two times the medians of their
+//! runs, `gain` the median round's, `gains` every round's in order.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{KEYS, governor, keys, ours, rule};
+use ratelimit_runtime::backend::memory::MemoryBackend;
+use ratelimit_runtime::{Algorithm, RateLimiter};
+
+/// Runs `checks` checks on `threads` threads at once (each its own half of
+/// the keys on two), `check(key)` each (a `&String`, as governor's keys are); the wall time.
+fn run(
+    keys: &[String],
+    checks: usize,
+    threads: usize,
+    check: &(impl Fn(&String) + Sync),
+) -> Duration {
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let share = &keys[t * KEYS / threads..(t + 1) * KEYS / threads];
+            s.spawn(move || {
+                for i in 0..checks / threads {
+                    check(&share[i % share.len()]);
+                }
+            });
+        }
+    });
+    start.elapsed()
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// `rounds` pairs of runs of `check`; prints the limiter's line.
+fn pairs(
+    name: &str,
+    keys: &[String],
+    rounds: usize,
+    checks: usize,
+    check: impl Fn(&String) + Sync,
+) {
+    // Every key stored once, and the code warm.
+    run(keys, KEYS, 1, &check);
+    let (mut ones, mut twos, mut gains) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let per_check =
+            |threads| run(keys, checks, threads, &check).as_nanos() as f64 / checks as f64;
+        let (one, two) = if round % 2 == 0 {
+            let one = per_check(1);
+            (one, per_check(2))
+        } else {
+            let two = per_check(2);
+            (per_check(1), two)
+        };
+        ones.push(one);
+        twos.push(two);
+        gains.push(one / two);
+    }
+    let all: Vec<String> = gains.iter().map(|g| format!("{g:.3}")).collect();
+    println!(
+        "{{\"limiter\":\"{name}\",\"one_thread_ns\":{:.1},\"two_threads_ns\":{:.1},\"gain\":{:.3},\"gains\":[{}]}}",
+        median(ones),
+        median(twos),
+        median(gains),
+        all.join(",")
+    );
+}
+
+fn main() {
+    let (mut rounds, mut checks) = (21, 1_000_000);
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| -> usize {
+            args.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{name} needs a whole number"))
+        };
+        match arg.as_str() {
+            "--rounds" => rounds = value("--rounds").max(1),
+            "--checks" => checks = value("--checks").max(2),
+            // What `cargo bench` passes to every bench.
+            "--bench" => {}
+            other => panic!("unknown argument {other}: --rounds N, --checks N"),
+        }
+    }
+    let keys = keys();
+    for algorithm in Algorithm::ALL {
+        let name = format!("threads-{}", algorithm.name());
+        RateLimiter::in_memory().install_as(&name).unwrap();
+        let limiter = RateLimiter::named(&name).unwrap();
+        let store = MemoryBackend::new();
+        let rule = rule(algorithm, true);
+        pairs(algorithm.name(), &keys, rounds, checks, |key| {
+            ours(&store, &limiter, &rule, key)
+        });
+    }
+    let gov = governor();
+    pairs("governor", &keys, rounds, checks, |key| {
+        std::hint::black_box(gov.check_key(key).is_ok());
+    });
+}
