@@ -12,11 +12,16 @@
 //! a pair, its gain the 1-thread time per check over the 2-thread wall time
 //! per check (above 1: throughput grows), and the median round is the
 //! answer. Prints one JSON line per limiter: `{"limiter", "one_thread_ns",
-//! "two_threads_ns", "gain", "gains"}`, the two times the medians of their
-//! runs, `gain` the median round's, `gains` every round's in order.
+//! "two_threads_ns", "gain", "gains", "handoff_ns"}`, the two times the medians of their
+//! runs, `gain` the median round's, `gains` every round's in order, and
+//! `handoff_ns` the machine's cost of handing a cache line from one thread
+//! to the other, measured before and after the rounds (see [`handoff_ns`]):
+//! on these shared cores it changes from one stretch of minutes to another,
+//! and with it what two threads gain.
 
 mod common;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{KEYS, governor, keys, ours, rule};
@@ -45,6 +50,32 @@ fn run(
     start.elapsed()
 }
 
+/// The machine's cost of handing one cache line from one thread to the
+/// other: two threads take turns writing one atomic, each waiting for the
+/// other's write (ns per handoff, one way). What a check pays for each line
+/// both threads write: a lock, a shared entry.
+fn handoff_ns() -> f64 {
+    let turn = AtomicU64::new(0);
+    let turns = 200_000u64;
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for me in 0..2 {
+            let turn = &turn;
+            s.spawn(move || {
+                let mut mine = me;
+                while mine < turns {
+                    while turn.load(Ordering::Acquire) != mine {
+                        std::hint::spin_loop();
+                    }
+                    turn.store(mine + 1, Ordering::Release);
+                    mine += 2;
+                }
+            });
+        }
+    });
+    start.elapsed().as_nanos() as f64 / turns as f64
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -60,6 +91,7 @@ fn pairs(
 ) {
     // Every key stored once, and the code warm.
     run(keys, KEYS, 1, &check);
+    let before = handoff_ns();
     let (mut ones, mut twos, mut gains) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
         let per_check =
@@ -75,9 +107,10 @@ fn pairs(
         twos.push(two);
         gains.push(one / two);
     }
+    let after = handoff_ns();
     let all: Vec<String> = gains.iter().map(|g| format!("{g:.3}")).collect();
     println!(
-        "{{\"limiter\":\"{name}\",\"one_thread_ns\":{:.1},\"two_threads_ns\":{:.1},\"gain\":{:.3},\"gains\":[{}]}}",
+        "{{\"limiter\":\"{name}\",\"one_thread_ns\":{:.1},\"two_threads_ns\":{:.1},\"gain\":{:.3},\"gains\":[{}],\"handoff_ns\":[{before:.1},{after:.1}]}}",
         median(ones),
         median(twos),
         median(gains),
