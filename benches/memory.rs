@@ -28,10 +28,9 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{KEYS, governor, keys, ours, rule};
+use common::{KEYS, governor, keys, ours, ours_for, rule};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use ratelimit_runtime::backend::memory::MemoryBackend;
-use ratelimit_runtime::{Algorithm, RateLimiter};
+use ratelimit_runtime::Algorithm;
 
 /// The positions `0..n` in one fixed random order (Fisher-Yates over a
 /// xorshift sequence), the same for every run.
@@ -68,10 +67,7 @@ fn benches(c: &mut Criterion) {
     let order = shuffled(KEYS);
     let mut group = c.benchmark_group("memory");
     for algorithm in Algorithm::ALL {
-        let name = format!("bench-{}", algorithm.name());
-        RateLimiter::in_memory().install_as(&name).unwrap();
-        let limiter = RateLimiter::named(&name).unwrap();
-        let store = MemoryBackend::new();
+        let (store, limiter) = ours_for("bench", algorithm);
         let one = rule(algorithm, false);
         group.bench_function(BenchmarkId::new("single_key", algorithm.name()), |b| {
             b.iter(|| ours(&store, &limiter, &one, "limiter:user:1"))

@@ -24,9 +24,8 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{KEYS, governor, keys, ours, rule};
-use ratelimit_runtime::backend::memory::MemoryBackend;
-use ratelimit_runtime::{Algorithm, RateLimiter};
+use common::{KEYS, governor, keys, ours, ours_for, rule};
+use ratelimit_runtime::Algorithm;
 
 /// Runs `checks` checks on `threads` threads at once (each its own half of
 /// the keys on two), `check(key)` each (a `&String`, as governor's keys are); the wall time.
@@ -137,10 +136,7 @@ fn main() {
     }
     let keys = keys();
     for algorithm in Algorithm::ALL {
-        let name = format!("threads-{}", algorithm.name());
-        RateLimiter::in_memory().install_as(&name).unwrap();
-        let limiter = RateLimiter::named(&name).unwrap();
-        let store = MemoryBackend::new();
+        let (store, limiter) = ours_for("threads", algorithm);
         let rule = rule(algorithm, true);
         pairs(algorithm.name(), &keys, rounds, checks, |key| {
             ours(&store, &limiter, &rule, key)

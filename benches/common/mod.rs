@@ -6,8 +6,7 @@ use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use governor::DefaultKeyedRateLimiter;
-use governor::Quota;
+use governor::{DefaultKeyedRateLimiter, Quota};
 use ratelimit_runtime::backend::memory::MemoryBackend;
 use ratelimit_runtime::{Algorithm, RateLimiter, Rule};
 use ratelimit_workspace::ready;
@@ -49,6 +48,15 @@ pub(crate) fn rule(algorithm: Algorithm, many_keys: bool) -> Rule {
 /// Governor's keyed limiter with `String` keys, a quota that never refuses.
 pub(crate) fn governor() -> DefaultKeyedRateLimiter<String> {
     governor::RateLimiter::keyed(Quota::per_second(NonZeroU32::MAX))
+}
+
+/// Our side for `algorithm`: a store of its own, and a limiter installed as
+/// `<prefix>-<algorithm>` for the concurrency rule's leases (an installed
+/// limiter's, as the attribute's calls take them).
+pub(crate) fn ours_for(prefix: &str, algorithm: Algorithm) -> (MemoryBackend, RateLimiter) {
+    let name = format!("{prefix}-{}", algorithm.name());
+    RateLimiter::in_memory().install_as(&name).unwrap();
+    (MemoryBackend::new(), RateLimiter::named(&name).unwrap())
 }
 
 /// One check-and-consume of our limiter (a concurrency rule takes and
