@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hashbrown::HashTable;
 
-use super::Backend;
+use super::{Backend, StoredKey};
 use crate::algorithm::{self, State};
 use crate::clock::{Clock, SystemClock};
 use crate::{Algorithm, Decision, Error, Rule};
@@ -153,40 +153,6 @@ struct Entry {
 }
 
 const _: () = assert!(std::mem::size_of::<Entry>() == 72);
-
-/// A key, in the entry itself when short (most are), so a lookup does not
-/// chase a pointer.
-#[derive(Debug)]
-enum StoredKey {
-    Inline(u8, [u8; INLINE_KEY]),
-    Heap(Box<str>),
-}
-
-const INLINE_KEY: usize = 30;
-
-impl StoredKey {
-    fn new(key: &str) -> StoredKey {
-        let bytes = key.as_bytes();
-        if bytes.len() <= INLINE_KEY {
-            let mut inline = [0; INLINE_KEY];
-            inline[..bytes.len()].copy_from_slice(bytes);
-            StoredKey::Inline(bytes.len() as u8, inline)
-        } else {
-            StoredKey::Heap(key.into())
-        }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        match self {
-            StoredKey::Inline(len, bytes) => &bytes[..usize::from(*len)],
-            StoredKey::Heap(stored) => stored.as_bytes(),
-        }
-    }
-
-    fn is(&self, key: &str) -> bool {
-        self.as_bytes() == key.as_bytes()
-    }
-}
 
 #[derive(Debug)]
 struct Slot {
@@ -424,6 +390,7 @@ mod tests {
 
     use super::*;
     use crate::ManualClock;
+    use crate::backend::INLINE_KEY;
 
     fn rule(count: u64, period_ms: u64) -> Rule {
         Rule::fixed_window(count, Duration::from_millis(period_ms))

@@ -57,3 +57,38 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         async { Ok(()) }
     }
 }
+
+/// A key held by value, in place when short (most are): a store's entry keeps
+/// one, so a lookup does not chase a pointer, and so does a check queued for
+/// a Redis batch, so queueing it allocates nothing for its key.
+#[derive(Debug)]
+pub(crate) enum StoredKey {
+    Inline(u8, [u8; INLINE_KEY]),
+    Heap(Box<str>),
+}
+
+pub(crate) const INLINE_KEY: usize = 30;
+
+impl StoredKey {
+    pub(crate) fn new(key: &str) -> StoredKey {
+        let bytes = key.as_bytes();
+        if bytes.len() <= INLINE_KEY {
+            let mut inline = [0; INLINE_KEY];
+            inline[..bytes.len()].copy_from_slice(bytes);
+            StoredKey::Inline(bytes.len() as u8, inline)
+        } else {
+            StoredKey::Heap(key.into())
+        }
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match self {
+            StoredKey::Inline(len, bytes) => &bytes[..usize::from(*len)],
+            StoredKey::Heap(stored) => stored.as_bytes(),
+        }
+    }
+
+    pub(crate) fn is(&self, key: &str) -> bool {
+        self.as_bytes() == key.as_bytes()
+    }
+}

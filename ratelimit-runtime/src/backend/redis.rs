@@ -18,7 +18,7 @@ use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind}
 use tokio::sync::{OwnedMutexGuard, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::Backend;
+use super::{Backend, StoredKey};
 use crate::algorithm::Outcome;
 use crate::{Algorithm, Decision, Error, Rule};
 
@@ -462,7 +462,7 @@ type Answer = oneshot::Receiver<Result<[i64; 4], Error>>;
 /// One check (or release) waiting in the queue for the next batch.
 struct Job {
     what: u8,
-    key: Box<str>,
+    key: StoredKey,
     count: u64,
     burst: u64,
     period_us: u64,
@@ -514,7 +514,7 @@ impl Job {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             what,
-            key: key.into(),
+            key: StoredKey::new(key),
             count: rule.count(),
             burst: rule.burst(),
             period_us: rule.period_us(),
@@ -749,7 +749,7 @@ async fn send_batch(
             let mut cmd = redis::cmd("FCALL");
             cmd.arg(&scripts.library.release)
                 .arg(1)
-                .arg(&*job.key)
+                .arg(job.key.as_bytes())
                 .arg(job.cost)
                 .arg(job.lease);
             return cmd;
@@ -757,7 +757,7 @@ async fn send_batch(
         let mut cmd = script_call(function, &scripts.library.function, &scripts.batch);
         cmd.arg(jobs.len());
         for job in &jobs {
-            cmd.arg(&*job.key);
+            cmd.arg(job.key.as_bytes());
         }
         cmd.arg(&packed).arg(&order).arg(&costs).arg(read_ahead);
         // The lease ids, each as its own argument: the checks' that carry
@@ -842,12 +842,12 @@ fn firsts_first(jobs: &mut [Job]) -> usize {
     if jobs.len() < 2 {
         return jobs.len();
     }
-    jobs.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    jobs.sort_unstable_by(|a, b| a.key.as_bytes().cmp(b.key.as_bytes()));
     // Each key's first, in order, to the front (what `Vec::dedup` keeps);
     // the repeats end up behind them.
     let mut firsts = 1;
     for i in 1..jobs.len() {
-        if jobs[i].key != jobs[firsts - 1].key {
+        if jobs[i].key.as_bytes() != jobs[firsts - 1].key.as_bytes() {
             jobs.swap(firsts, i);
             firsts += 1;
         }
@@ -1353,7 +1353,9 @@ mod tests {
     }
 
     fn keys(jobs: &[Job]) -> Vec<&str> {
-        jobs.iter().map(|job| &*job.key).collect()
+        jobs.iter()
+            .map(|job| std::str::from_utf8(job.key.as_bytes()).unwrap())
+            .collect()
     }
 
     #[test]
@@ -1365,6 +1367,14 @@ mod tests {
         let mut repeats = keys(&batch[firsts..]);
         repeats.sort_unstable();
         assert_eq!(repeats, ["a", "b", "b"]);
+        // Keys held in place and keys too long for that sort alike.
+        let long = "k".repeat(super::super::INLINE_KEY + 1);
+        let mut batch = jobs(&[&long, "a", &long, "a"]);
+        assert_eq!(firsts_first(&mut batch), 2);
+        assert_eq!(keys(&batch[..2]), ["a", long.as_str()]);
+        let mut repeats = keys(&batch[2..]);
+        repeats.sort_unstable();
+        assert_eq!(repeats, ["a", long.as_str()]);
     }
 
     #[test]
