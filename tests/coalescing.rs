@@ -28,7 +28,7 @@ fn script_calls(server: &RedisServer) -> u64 {
 /// longer than the batch queue keeps in place (so both ways of holding a
 /// queued check's key go through batches, repeats of one key included).
 fn key_of(r: usize) -> String {
-    if r % 2 == 0 {
+    if r.is_multiple_of(2) {
         format!("co:{r}")
     } else {
         format!("co:{r}:{}", "long-key-part-".repeat(4))
