@@ -1368,7 +1368,7 @@ mod tests {
         repeats.sort_unstable();
         assert_eq!(repeats, ["a", "b", "b"]);
         // Keys held in place and keys too long for that sort alike.
-        let long = "k".repeat(super::super::INLINE_KEY + 1);
+        let long = "k".repeat(crate::backend::INLINE_KEY + 1);
         let mut batch = jobs(&[&long, "a", &long, "a"]);
         assert_eq!(firsts_first(&mut batch), 2);
         assert_eq!(keys(&batch[..2]), ["a", long.as_str()]);
