@@ -27,6 +27,11 @@
 //! - `RATELIMIT_OVERRIDES_FILE` (a TOML file with `[rules.NAME]` tables):
 //!   read at start-up and again whenever it changes, while serving; a bad
 //!   file is reported and changes nothing.
+//! - `BENCH_ONLY` (`limited`, `plain` or `fields`): serve only that one of the
+//!   HTTP benchmark's endpoints (`scripts/bench-http` runs a server for each,
+//!   so that each is routed alike: actix tries an app's resources in the order
+//!   they were registered, and a later one pays for the failed matches of
+//!   those before it).
 
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{App, HttpResponse, HttpServer, Responder, get, web};
@@ -109,6 +114,23 @@ async fn bench_plain() -> impl Responder {
     "ok\n"
 }
 
+/// The HTTP benchmark's endpoints, by the last part of their paths.
+const BENCH_ENDPOINTS: [&str; 3] = ["limited", "plain", "fields"];
+
+/// Every benchmark endpoint, or only the one named.
+fn bench_endpoints(config: &mut web::ServiceConfig, only: Option<&str>) {
+    let wanted = |name: &str| only.is_none_or(|only| only == name);
+    if wanted("limited") {
+        config.service(bench_limited);
+    }
+    if wanted("plain") {
+        config.service(bench_plain);
+    }
+    if wanted("fields") {
+        config.service(bench_fields);
+    }
+}
+
 async fn try_again_later(limited: RateLimited) -> impl Responder {
     HttpResponse::TooManyRequests()
         .insert_header(("retry-after", limited.retry_after_secs().to_string()))
@@ -175,6 +197,14 @@ async fn main() -> std::io::Result<()> {
             }
         });
     }
+    let bench_only = std::env::var("BENCH_ONLY").ok();
+    if let Some(only) = bench_only.as_deref()
+        && !BENCH_ENDPOINTS.contains(&only)
+    {
+        return Err(std::io::Error::other(format!(
+            "BENCH_ONLY={only:?}: expected one of {BENCH_ENDPOINTS:?}"
+        )));
+    }
     let mut builder = RateLimiter::builder().http(http);
     let backend = match std::env::var("REDIS_URL") {
         Ok(url) => {
@@ -200,9 +230,7 @@ async fn main() -> std::io::Result<()> {
             .service(limit_test4)
             .service(api)
             .service(user)
-            .service(bench_limited)
-            .service(bench_plain)
-            .service(bench_fields)
+            .configure(|config| bench_endpoints(config, bench_only.as_deref()))
             .default_service(web::to(|| async {
                 HttpResponse::NotFound().body("not found\n")
             }))
