@@ -129,13 +129,21 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         }
         quote!({
             let __ratelimit_reply_req = ::core::clone::Clone::clone(&#req);
+            // The app's limiter (or the global one), looked up once.
+            let __ratelimit_app = #rt::actix::limiter_for(&__ratelimit_reply_req);
             let mut __ratelimit_seen: [#rt::Option<#rt::actix::Report>; #n] = [#rt::Option::None; #n];
             #(#checks)*
             let __ratelimit_out #typed = async move #body.await;
-            #rt::actix::allowed(__ratelimit_out, &__ratelimit_seen, &__ratelimit_reply_req)
+            #rt::actix::allowed(__ratelimit_out, &__ratelimit_seen, &__ratelimit_reply_req, __ratelimit_app)
         })
     } else {
+        // A handler that reports a refusal through its return type still
+        // checks under the request's limiter.
+        let app = request
+            .as_ref()
+            .map(|req| quote!(let __ratelimit_app = #rt::actix::limiter_for(&#req);));
         quote!({
+            #app
             #(#checks)*
             #body
         })
@@ -178,7 +186,7 @@ fn check_call(
                 Subject::Ip => quote!(#rt::actix::By::Ip),
                 Subject::Header(name) => quote!(#rt::actix::By::Header(#name)),
             };
-            quote!(#rt::actix::check(&#site, #key, #by, &#req))
+            quote!(#rt::actix::check(&#site, #key, #by, &#req, __ratelimit_app))
         }
         None => quote!(#rt::check(&#site, #key)),
     }
@@ -236,7 +244,7 @@ fn reject(
         }
         None if config.responder => {
             return quote! {
-                return #rt::actix::refused(__ratelimit_limited, &__ratelimit_seen, &__ratelimit_reply_req)
+                return #rt::actix::refused(__ratelimit_limited, &__ratelimit_seen, __ratelimit_app)
             };
         }
         None => {
@@ -261,7 +269,7 @@ fn reject(
     };
     if config.responder {
         quote! {
-            return #rt::actix::demoted(#value, &__ratelimit_limited, &__ratelimit_seen, &__ratelimit_reply_req)
+            return #rt::actix::demoted(#value, &__ratelimit_limited, &__ratelimit_seen, &__ratelimit_reply_req, __ratelimit_app)
         }
     } else {
         quote!(return #value)

@@ -405,8 +405,9 @@ pub struct Report {
     period: Duration,
     remaining: u64,
     reset_after: Duration,
-    /// Its `RateLimit-Policy` item, when its call site keeps one rendered.
-    policy: Option<&'static HeaderValue>,
+    /// Its call site's `RateLimit-Policy` item and quoted name, when the
+    /// site keeps them rendered and the item fits this report.
+    policy: Option<&'static Policy>,
 }
 
 impl Report {
@@ -428,21 +429,24 @@ impl Report {
     /// them).
     pub(crate) fn with_policy(mut self, policy: &'static OnceLock<Policy>) -> Report {
         let window = secs_up(self.period).max(1);
-        let policy = policy.get_or_init(|| Policy {
-            limit: self.limit,
-            window,
-            value: {
-                let bytes = draft_bytes(std::iter::once(&self), [b";q=", b";w="], |r| {
-                    [r.limit, window]
-                });
-                // Kept for the process's life (one per call site), so every
-                // response takes it without copying or counting references.
-                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-                HeaderValue::from_maybe_shared(Bytes::from_static(bytes)).ok()
-            },
+        let policy = policy.get_or_init(|| {
+            // Kept for the process's life (one per call site), so every
+            // response takes them without copying or counting references.
+            let bytes = draft_bytes(std::iter::once(&self), [b";q=", b";w="], |r| {
+                [r.limit, window]
+            });
+            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            let mut quoted = Vec::with_capacity(sf_string_len(self.name));
+            push_sf_string(&mut quoted, self.name);
+            Policy {
+                limit: self.limit,
+                window,
+                value: HeaderValue::from_maybe_shared(Bytes::from_static(bytes)).ok(),
+                quoted: Box::leak(quoted.into_boxed_slice()),
+            }
         });
-        if (policy.limit, policy.window) == (self.limit, window) {
-            self.policy = policy.value.as_ref();
+        if (policy.limit, policy.window) == (self.limit, window) && policy.value.is_some() {
+            self.policy = Some(policy);
         }
         self
     }
@@ -459,12 +463,14 @@ impl Report {
     }
 }
 
-/// A call site's `RateLimit-Policy` item, rendered once.
+/// A call site's `RateLimit-Policy` item and its rule's name as a quoted
+/// string (the start of its `RateLimit` item), rendered once.
 #[derive(Debug)]
 pub(crate) struct Policy {
     limit: u64,
     window: u64,
     value: Option<HeaderValue>,
+    quoted: &'static [u8],
 }
 
 fn secs_up(d: Duration) -> u64 {
@@ -525,6 +531,20 @@ fn draft_value<'a>(
     HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
 }
 
+/// One rule's `RateLimit` value from its quoted name: `"api";r=5;t=30`.
+fn state_value(quoted: &[u8], remaining: u64, reset: u64) -> Option<HeaderValue> {
+    let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let (r, t) = (r.format(remaining).as_bytes(), t.format(reset).as_bytes());
+    let mut value = Vec::with_capacity(quoted.len() + 3 + r.len() + 3 + t.len());
+    value.extend_from_slice(quoted);
+    value.extend_from_slice(b";r=");
+    value.extend_from_slice(r);
+    value.extend_from_slice(b";t=");
+    value.extend_from_slice(t);
+    debug_assert_eq!(value.len(), value.capacity());
+    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
+}
+
 /// [`draft_value`]'s bytes.
 fn draft_bytes<'a>(
     reports: impl Iterator<Item = &'a Report> + Clone,
@@ -579,21 +599,27 @@ pub(crate) fn append_rate_limit_headers<'a, I>(
     }
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
         // One rule whose call site keeps its policy rendered (the usual
-        // case): that; else written here.
+        // case): that, and its quoted name to start the state; else both
+        // written here.
         let mut rest = reports.clone();
         let kept = rest
             .next()
-            .and_then(|r| r.policy)
+            .and_then(|r| Some((r, r.policy?)))
             .filter(|_| rest.next().is_none());
-        let policy = match kept {
-            Some(kept) => Some(kept.clone()),
-            None => draft_value(reports.clone(), [b";q=", b";w="], |r| {
-                [r.limit, secs_up(r.period).max(1)]
-            }),
+        let (policy, state) = match kept {
+            Some((report, kept)) => (
+                kept.value.clone(),
+                state_value(kept.quoted, report.remaining, secs_up(report.reset_after)),
+            ),
+            None => (
+                draft_value(reports.clone(), [b";q=", b";w="], |r| {
+                    [r.limit, secs_up(r.period).max(1)]
+                }),
+                draft_value(reports.clone(), [b";r=", b";t="], |r| {
+                    [r.remaining, secs_up(r.reset_after)]
+                }),
+            ),
         };
-        let state = draft_value(reports.clone(), [b";r=", b";t="], |r| {
-            [r.remaining, secs_up(r.reset_after)]
-        });
         if let (Some(policy), Some(state)) = (policy, state) {
             headers.append(RATELIMIT_POLICY, policy);
             headers.append(RATELIMIT, state);
@@ -688,8 +714,8 @@ impl Responder for RateLimited {
 }
 
 /// The limiter for this request: the app's (`app_data`) if it has one, else
-/// the global one.
-pub(crate) fn limiter_for(req: &HttpRequest) -> &RateLimiter {
+/// the global one. A limited handler looks it up once per request.
+pub fn limiter_for(req: &HttpRequest) -> &RateLimiter {
     req.app_data::<RateLimiter>()
         .or_else(|| {
             req.app_data::<web::Data<RateLimiter>>()
@@ -728,9 +754,10 @@ pub fn respond<R: Responder>(value: R, req: &HttpRequest) -> HttpResponse {
     value.respond_to(req).map_into_boxed_body()
 }
 
-/// A refusal from `#[rate_limit]` on a handler, with every rule's headers.
-pub fn refused(limited: RateLimited, seen: &[Option<Report>], req: &HttpRequest) -> HttpResponse {
-    let options = limiter_for(req).http_options();
+/// A refusal from `#[rate_limit]` on a handler, with every rule's headers
+/// (in the style of `app`, the request's limiter: [`limiter_for`]).
+pub fn refused(limited: RateLimited, seen: &[Option<Report>], app: &RateLimiter) -> HttpResponse {
+    let options = app.http_options();
     let mut reports: Vec<Report> = seen.iter().flatten().copied().collect();
     if limited.cause == Cause::OverLimit {
         reports.push(Report::from_refusal(&limited));
@@ -739,10 +766,15 @@ pub fn refused(limited: RateLimited, seen: &[Option<Report>], req: &HttpRequest)
 }
 
 /// A handler's own response with the rate-limit headers of the rules its
-/// call passed.
-pub fn allowed<R: Responder>(value: R, seen: &[Option<Report>], req: &HttpRequest) -> HttpResponse {
+/// call passed (in the style of `app`, the request's limiter).
+pub fn allowed<R: Responder>(
+    value: R,
+    seen: &[Option<Report>],
+    req: &HttpRequest,
+    app: &RateLimiter,
+) -> HttpResponse {
     let mut response = respond(value, req);
-    let style = limiter_for(req).http_options().headers;
+    let style = app.http_options().headers;
     append_rate_limit_headers(style, seen.iter().flatten(), response.headers_mut());
     response
 }
@@ -754,10 +786,11 @@ pub fn demoted<R: Responder>(
     limited: &RateLimited,
     seen: &[Option<Report>],
     req: &HttpRequest,
+    app: &RateLimiter,
 ) -> HttpResponse {
     let refusing = Report::from_refusal(limited);
     let mut response = respond(value, req);
-    let style = limiter_for(req).http_options().headers;
+    let style = app.http_options().headers;
     let reports = seen.iter().flatten().chain(std::iter::once(&refusing));
     append_rate_limit_headers(style, reports, response.headers_mut());
     response
@@ -1026,7 +1059,7 @@ where
                         Ok(subject) => subject,
                         Err(()) => {
                             let refusal = RateLimited::unknown_client(config.rule.count());
-                            let response = refused(refusal, &[], req.request());
+                            let response = refused(refusal, &[], &limiter);
                             return Ok(req.into_response(response).map_into_right_body());
                         }
                     }
@@ -1062,7 +1095,7 @@ where
                 Ok(permit) => permit,
                 Err(Error::Backend(_)) => {
                     let refusal = RateLimited::backend_unavailable(config.rule.count());
-                    let response = refused(refusal, &[], req.request());
+                    let response = refused(refusal, &[], &limiter);
                     return Ok(req.into_response(response).map_into_right_body());
                 }
                 Err(error) => {
@@ -1080,7 +1113,7 @@ where
             } else if !decision.allowed {
                 let refusal =
                     RateLimited::from_decision(&decision).with_rule(rule.period(), config.name);
-                let response = refused(refusal, &[], req.request());
+                let response = refused(refusal, &[], &limiter);
                 return Ok(req.into_response(response).map_into_right_body());
             }
             let report = Report::new(config.name, &rule, &decision);
@@ -1323,20 +1356,35 @@ mod tests {
             retry_after: Duration::ZERO,
         };
         let rule = Rule::fixed_window(10, Duration::from_millis(1500));
-        let render = |report: Report| {
+        let fields = |report: Report| {
             let mut headers = HeaderMap::new();
             append_rate_limit_headers(HeaderStyle::Draft, [&report], &mut headers);
-            headers
-                .get("ratelimit-policy")
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .to_owned()
+            let field = |name| headers.get(name).unwrap().to_str().unwrap().to_owned();
+            (field("ratelimit-policy"), field("ratelimit"))
         };
+        let render = |report: Report| fields(report).0;
         let first = Report::new("site", &rule, &decision(10)).with_policy(&POLICY);
         let kept = first.policy.expect("rendered at the first report");
-        assert_eq!(kept, "\"site\";q=10;w=2");
-        assert_eq!(render(first), "\"site\";q=10;w=2");
+        assert_eq!(kept.value.as_ref().unwrap(), "\"site\";q=10;w=2");
+        assert_eq!(kept.quoted, b"\"site\"");
+        assert_eq!(
+            fields(first),
+            (
+                "\"site\";q=10;w=2".to_owned(),
+                "\"site\";r=1;t=1".to_owned()
+            )
+        );
+        // A name that needs escaping, kept quoted as it is written.
+        static ODD: OnceLock<Policy> = OnceLock::new();
+        let odd = Report::new("a\"b\\c", &rule, &decision(10)).with_policy(&ODD);
+        assert!(odd.policy.is_some());
+        assert_eq!(
+            fields(odd),
+            (
+                "\"a\\\"b\\\\c\";q=10;w=2".to_owned(),
+                "\"a\\\"b\\\\c\";r=1;t=1".to_owned()
+            )
+        );
         let again = Report::new("site", &rule, &decision(10)).with_policy(&POLICY);
         assert!(std::ptr::eq(again.policy.unwrap(), kept), "rendered once");
         // Another limit (an override): written for that response, not kept.

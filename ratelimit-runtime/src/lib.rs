@@ -295,23 +295,76 @@ pub mod __private {
         limiter: Option<&'a RateLimiter>,
         key: &'a str,
     ) -> Checking<'a> {
+        match decide_now(site, limiter, key) {
+            Ok(answer) => ReadyOr::Ready(Some(answer)),
+            Err(later) => ReadyOr::Pending(Box::pin(later.decide(site, key))),
+        }
+    }
+
+    /// [`check_on`] with a key of its own, which a pending check keeps in
+    /// its box.
+    #[cfg_attr(not(feature = "actix"), allow(dead_code))]
+    fn check_on_owned<'a>(
+        site: &'static Site,
+        limiter: Option<&'a RateLimiter>,
+        key: String,
+    ) -> Checking<'a> {
+        match decide_now(site, limiter, &key) {
+            Ok(answer) => ReadyOr::Ready(Some(answer)),
+            Err(later) => ReadyOr::Pending(Box::pin(async move { later.decide(site, &key).await })),
+        }
+    }
+
+    /// A check that waits: on a backend, or on the failure policy of a
+    /// limiter that is not installed.
+    enum Later<'a> {
+        Backend {
+            limiter: &'a RateLimiter,
+            rule: Rule,
+            shadow: bool,
+        },
+        MissingLimiter,
+    }
+
+    impl Later<'_> {
+        async fn decide(self, site: &'static Site, key: &str) -> Result<Permit, RateLimited> {
+            match self {
+                Later::Backend {
+                    limiter,
+                    rule,
+                    shadow,
+                } => {
+                    let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
+                    let answer = limiter
+                        .acquire_from_backend(&rule, key, site.cost, on_error)
+                        .await;
+                    conclude(site, &rule, shadow, key, answer)
+                }
+                Later::MissingLimiter => missing_limiter(site, key).await,
+            }
+        }
+    }
+
+    /// The answer, if the limiter has it at once (in process memory).
+    #[inline]
+    fn decide_now<'a>(
+        site: &'static Site,
+        limiter: Option<&'a RateLimiter>,
+        key: &str,
+    ) -> Result<Result<Permit, RateLimited>, Later<'a>> {
         let Some(limiter) = limiter else {
-            return ReadyOr::Pending(Box::pin(missing_limiter(site, key)));
+            return Err(Later::MissingLimiter);
         };
         let shadow = site.shadow || limiter.is_shadow();
         let (rule, shadow) = crate::overrides::effective(site.name, &site.rule, shadow)
             .unwrap_or((site.rule, shadow));
         match limiter.acquire_at_once(&rule, key, site.cost) {
-            Some(answer) => ReadyOr::Ready(Some(conclude(site, &rule, shadow, key, answer))),
-            None => {
-                let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
-                ReadyOr::Pending(Box::pin(async move {
-                    let answer = limiter
-                        .acquire_from_backend(&rule, key, site.cost, on_error)
-                        .await;
-                    conclude(site, &rule, shadow, key, answer)
-                }))
-            }
+            Some(answer) => Ok(conclude(site, &rule, shadow, key, answer)),
+            None => Err(Later::Backend {
+                limiter,
+                rule,
+                shadow,
+            }),
         }
     }
 
@@ -432,11 +485,12 @@ pub mod __private {
     /// actix-web glue.
     #[cfg(feature = "actix")]
     pub mod actix {
-        pub use crate::actix::{Report, allowed, demoted, refused, respond};
+        pub use crate::actix::{Report, allowed, demoted, limiter_for, refused, respond};
         pub use ::actix_web::{HttpRequest, HttpResponse};
 
-        use super::{Permit, RateLimited, Site, check_on};
-        use crate::actix::{header_subject, ip_subject, limiter_for};
+        use super::{Checking, Permit, RateLimited, ReadyOr, Site, check_on, check_on_owned};
+        use crate::RateLimiter;
+        use crate::actix::{header_subject, ip_subject};
 
         /// Whose budget, for a handler.
         #[derive(Clone, Copy, Debug)]
@@ -450,25 +504,30 @@ pub mod __private {
         }
 
         /// Checks one call of a handler: the limiter is the site's named one,
-        /// else the app's, else the global one; `by` is resolved under it.
-        pub async fn check(
+        /// else `app`, the request's ([`limiter_for`]: the app's, else the
+        /// global one); `by` is resolved under it. In process memory the
+        /// answer is there at once, as [`check`](super::check)'s is.
+        pub fn check<'a>(
             site: &'static Site,
-            base: &str,
+            base: &'a str,
             by: By,
             req: &HttpRequest,
-        ) -> Result<Permit, RateLimited> {
+            app: &'a RateLimiter,
+        ) -> Checking<'a> {
             let limiter = match site.limiter {
                 Some(_) => site.limiter(),
-                None => Some(limiter_for(req)),
+                None => Some(app),
             };
             let key = match by {
-                By::Global => return check_on(site, limiter, base).await,
+                By::Global => return check_on(site, limiter, base),
                 By::Ip => {
                     let subject = match limiter.map(|l| ip_subject(l, req)) {
                         Some(Ok(subject)) => subject,
                         Some(Err(())) => {
-                            return Err(RateLimited::unknown_client(site.rule.count())
-                                .with_rule(site.rule.period(), site.name));
+                            return ReadyOr::Ready(Some(Err(RateLimited::unknown_client(
+                                site.rule.count(),
+                            )
+                            .with_rule(site.rule.period(), site.name))));
                         }
                         None => ":ip:unknown".to_owned(),
                     };
@@ -476,7 +535,7 @@ pub mod __private {
                 }
                 By::Header(name) => [base, &header_subject(req, name)].concat(),
             };
-            check_on(site, limiter, &key).await
+            check_on_owned(site, limiter, key)
         }
 
         /// What the rate-limit headers say of a rule the call passed: the
