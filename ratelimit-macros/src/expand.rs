@@ -127,14 +127,21 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         {
             func.sig.output = syn::parse_quote!(-> #rt::actix::HttpResponse);
         }
+        // The request for the response: the handler's own parameter may move
+        // into the body, so a clone of it; one the expansion added is the
+        // body's to use, so that itself.
+        let reply_req = match config.request {
+            Some(Request::Injected) => quote!(let __ratelimit_reply_req = &#req;),
+            _ => quote!(let __ratelimit_reply_req = &::core::clone::Clone::clone(&#req);),
+        };
         quote!({
-            let __ratelimit_reply_req = ::core::clone::Clone::clone(&#req);
+            #reply_req
             // The app's limiter (or the global one), looked up once.
-            let __ratelimit_app = #rt::actix::limiter_for(&__ratelimit_reply_req);
+            let __ratelimit_app = #rt::actix::limiter_for(__ratelimit_reply_req);
             let mut __ratelimit_seen: [#rt::Option<#rt::actix::Report>; #n] = [#rt::Option::None; #n];
             #(#checks)*
             let __ratelimit_out #typed = async move #body.await;
-            #rt::actix::allowed(__ratelimit_out, &__ratelimit_seen, &__ratelimit_reply_req, __ratelimit_app)
+            #rt::actix::allowed(__ratelimit_out, &__ratelimit_seen, __ratelimit_reply_req, __ratelimit_app)
         })
     } else {
         // A handler that reports a refusal through its return type still
@@ -269,7 +276,7 @@ fn reject(
     };
     if config.responder {
         quote! {
-            return #rt::actix::demoted(#value, &__ratelimit_limited, &__ratelimit_seen, &__ratelimit_reply_req, __ratelimit_app)
+            return #rt::actix::demoted(#value, &__ratelimit_limited, &__ratelimit_seen, __ratelimit_reply_req, __ratelimit_app)
         }
     } else {
         quote!(return #value)

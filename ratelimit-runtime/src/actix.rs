@@ -531,6 +531,16 @@ fn draft_value<'a>(
     HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
 }
 
+/// The draft's two fields for one rule whose call site keeps its policy
+/// rendered: that, and the state written from its quoted name.
+fn append_kept(report: &Report, kept: &Policy, headers: &mut HeaderMap) {
+    let state = state_value(kept.quoted, report.remaining, secs_up(report.reset_after));
+    if let (Some(policy), Some(state)) = (&kept.value, state) {
+        headers.append(RATELIMIT_POLICY, policy.clone());
+        headers.append(RATELIMIT, state);
+    }
+}
+
 /// One rule's `RateLimit` value from its quoted name: `"api";r=5;t=30`.
 fn state_value(quoted: &[u8], remaining: u64, reset: u64) -> Option<HeaderValue> {
     let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
@@ -606,23 +616,20 @@ pub(crate) fn append_rate_limit_headers<'a, I>(
             .next()
             .and_then(|r| Some((r, r.policy?)))
             .filter(|_| rest.next().is_none());
-        let (policy, state) = match kept {
-            Some((report, kept)) => (
-                kept.value.clone(),
-                state_value(kept.quoted, report.remaining, secs_up(report.reset_after)),
-            ),
-            None => (
-                draft_value(reports.clone(), [b";q=", b";w="], |r| {
+        match kept {
+            Some((report, kept)) => append_kept(report, kept, headers),
+            None => {
+                let policy = draft_value(reports.clone(), [b";q=", b";w="], |r| {
                     [r.limit, secs_up(r.period).max(1)]
-                }),
-                draft_value(reports.clone(), [b";r=", b";t="], |r| {
+                });
+                let state = draft_value(reports.clone(), [b";r=", b";t="], |r| {
                     [r.remaining, secs_up(r.reset_after)]
-                }),
-            ),
-        };
-        if let (Some(policy), Some(state)) = (policy, state) {
-            headers.append(RATELIMIT_POLICY, policy);
-            headers.append(RATELIMIT, state);
+                });
+                if let (Some(policy), Some(state)) = (policy, state) {
+                    headers.append(RATELIMIT_POLICY, policy);
+                    headers.append(RATELIMIT, state);
+                }
+            }
         }
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
@@ -775,7 +782,20 @@ pub fn allowed<R: Responder>(
 ) -> HttpResponse {
     let mut response = respond(value, req);
     let style = app.http_options().headers;
-    append_rate_limit_headers(style, seen.iter().flatten(), response.headers_mut());
+    match seen {
+        // The usual case, written straight: one rule, whose call site keeps
+        // its policy rendered, and the draft's fields.
+        [
+            Some(
+                report @ Report {
+                    policy: Some(kept), ..
+                },
+            ),
+        ] if style == HeaderStyle::Draft => {
+            append_kept(report, kept, response.headers_mut());
+        }
+        _ => append_rate_limit_headers(style, seen.iter().flatten(), response.headers_mut()),
+    }
     response
 }
 
