@@ -28,7 +28,7 @@ use actix_web::body::{BoxBody, EitherBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
 use actix_web::http::StatusCode;
 use actix_web::http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
-use actix_web::web::Bytes;
+use actix_web::web::{Bytes, BytesMut};
 use actix_web::{HttpRequest, HttpResponse, Responder, ResponseError, web};
 
 use crate::{Cause, Decision, Error, OnError, RateLimited, RateLimiter, Rule};
@@ -542,17 +542,32 @@ fn append_kept(report: &Report, kept: &Policy, headers: &mut HeaderMap) {
 }
 
 /// One rule's `RateLimit` value from its quoted name: `"api";r=5;t=30`.
+///
+/// Written into this thread's block of values, which many responses' values
+/// share (counted references, as `Bytes` keeps them), so a response's value
+/// costs no allocation of its own; a new block is taken when one is full,
+/// and a block is freed when the last value in it is.
 fn state_value(quoted: &[u8], remaining: u64, reset: u64) -> Option<HeaderValue> {
+    const BLOCK: usize = 4096;
+    thread_local! {
+        static VALUES: std::cell::RefCell<Option<BytesMut>> = const { std::cell::RefCell::new(None) };
+    }
     let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
     let (r, t) = (r.format(remaining).as_bytes(), t.format(reset).as_bytes());
-    let mut value = Vec::with_capacity(quoted.len() + 3 + r.len() + 3 + t.len());
-    value.extend_from_slice(quoted);
-    value.extend_from_slice(b";r=");
-    value.extend_from_slice(r);
-    value.extend_from_slice(b";t=");
-    value.extend_from_slice(t);
-    debug_assert_eq!(value.len(), value.capacity());
-    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
+    let len = quoted.len() + 3 + r.len() + 3 + t.len();
+    let value = VALUES.with_borrow_mut(|block| {
+        let block = match block {
+            Some(block) if block.capacity() >= len => block,
+            _ => block.insert(BytesMut::with_capacity(BLOCK.max(len))),
+        };
+        block.extend_from_slice(quoted);
+        block.extend_from_slice(b";r=");
+        block.extend_from_slice(r);
+        block.extend_from_slice(b";t=");
+        block.extend_from_slice(t);
+        block.split().freeze()
+    });
+    HeaderValue::from_maybe_shared(value).ok()
 }
 
 /// [`draft_value`]'s bytes.
@@ -1421,6 +1436,22 @@ mod tests {
             headers.get("ratelimit-policy").unwrap(),
             "\"site\";q=10;w=2, \"site\";q=10;w=60"
         );
+    }
+
+    #[test]
+    fn state_values_share_blocks_and_stay_whole() {
+        // Enough values to fill several blocks, all alive at once, then
+        // checked: none is overwritten by a later one or by a new block.
+        let values: Vec<HeaderValue> = (0..2_000u64)
+            .map(|i| state_value(b"\"site\"", i * 1_000_003, i % 61).unwrap())
+            .collect();
+        for (i, value) in (0..2_000u64).zip(&values) {
+            assert_eq!(value, &format!("\"site\";r={};t={}", i * 1_000_003, i % 61));
+        }
+        // A value longer than a block gets a block of its own.
+        let long = vec![b'a'; 5_000];
+        let value = state_value(&long, 1, 2).unwrap();
+        assert_eq!(value.len(), 5_000 + 8);
     }
 
     #[test]
