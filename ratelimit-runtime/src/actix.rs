@@ -555,18 +555,25 @@ fn state_value(quoted: &[u8], remaining: u64, reset: u64) -> Option<HeaderValue>
     let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
     let (r, t) = (r.format(remaining).as_bytes(), t.format(reset).as_bytes());
     let len = quoted.len() + 3 + r.len() + 3 + t.len();
-    let value = VALUES.with_borrow_mut(|block| {
-        let block = match block {
-            Some(block) if block.capacity() >= len => block,
-            _ => block.insert(BytesMut::with_capacity(BLOCK.max(len))),
-        };
-        block.extend_from_slice(quoted);
-        block.extend_from_slice(b";r=");
-        block.extend_from_slice(r);
-        block.extend_from_slice(b";t=");
-        block.extend_from_slice(t);
+    #[inline(always)]
+    fn write(block: &mut BytesMut, parts: [&[u8]; 5]) -> Bytes {
+        for part in parts {
+            block.extend_from_slice(part);
+        }
         block.split().freeze()
-    });
+    }
+    let parts = [quoted, b";r=", r, b";t=", t];
+    let value = VALUES
+        .try_with(|values| {
+            let mut values = values.borrow_mut();
+            let block = match &mut *values {
+                Some(block) if block.capacity() >= len => block,
+                values => values.insert(BytesMut::with_capacity(BLOCK.max(len))),
+            };
+            write(block, parts)
+        })
+        // The thread is ending and its block is gone: a value of its own.
+        .unwrap_or_else(|_| write(&mut BytesMut::with_capacity(len), parts));
     HeaderValue::from_maybe_shared(value).ok()
 }
 
