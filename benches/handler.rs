@@ -5,6 +5,9 @@
 //! its socket work (several µs), which this leaves out on purpose: the
 //! difference between the two is the attribute's own cost.
 //!
+//! `handler/middleware` is the plain handler behind the `RateLimit`
+//! middleware with the same rule.
+//!
 //! `handler/*_cold` are the same requests with the CPU's caches disturbed
 //! before each one (1 MiB written, more than a core's L2 cache), as a
 //! server's socket work between two requests disturbs them: only the
@@ -16,9 +19,9 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use actix_web::{App, Responder, get, test};
+use actix_web::{App, Responder, get, test, web};
 use criterion::{Criterion, criterion_group, criterion_main};
-use ratelimit_runtime::rate_limit;
+use ratelimit_runtime::{RateLimit, Rule, rate_limit};
 
 /// As in `examples/actix_server.rs`: a limit it never reaches, the default
 /// rate-limit headers on every response.
@@ -40,9 +43,16 @@ fn handler(c: &mut Criterion) {
     // first's failed match (about 25 ns a request here).
     let plain_app = system.block_on(test::init_service(App::new().service(plain)));
     let limited_app = system.block_on(test::init_service(App::new().service(limited)));
+    // The plain handler behind the middleware, with the same rule.
+    let middleware =
+        RateLimit::new(Rule::fixed_window(1_000_000_000, Duration::from_secs(1))).key("bench_mw");
+    let middleware_app = system.block_on(test::init_service(
+        App::new().service(web::scope("").wrap(middleware).service(plain)),
+    ));
     let apps = [
         ("plain", "/bench/plain", &plain_app),
         ("limited", "/bench/limited", &limited_app),
+        ("middleware", "/bench/plain", &middleware_app),
     ];
     let mut group = c.benchmark_group("handler");
     for (name, path, app) in apps {

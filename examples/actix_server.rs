@@ -27,16 +27,18 @@
 //! - `RATELIMIT_OVERRIDES_FILE` (a TOML file with `[rules.NAME]` tables):
 //!   read at start-up and again whenever it changes, while serving; a bad
 //!   file is reported and changes nothing.
-//! - `BENCH_ONLY` (`limited`, `plain` or `fields`): serve only that one of the
+//! - `BENCH_ONLY` (`limited`, `plain`, `fields` or `middleware`): serve only that one of the
 //!   HTTP benchmark's endpoints (`scripts/bench-http` runs a server for each,
 //!   so that each is routed alike: actix tries an app's resources in the order
 //!   they were registered, and a later one pays for the failed matches of
 //!   those before it).
 
+use std::time::Duration;
+
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{App, HttpResponse, HttpServer, Responder, get, web};
 use ratelimit_runtime::{
-    ClientHeader, HeaderStyle, HttpOptions, RateLimited, RateLimiter, rate_limit,
+    ClientHeader, HeaderStyle, HttpOptions, RateLimit, RateLimited, RateLimiter, Rule, rate_limit,
 };
 
 /// `limitTest`: 2 requests per second, for everyone.
@@ -115,11 +117,24 @@ async fn bench_plain() -> impl Responder {
 }
 
 /// The HTTP benchmark's endpoints, by the last part of their paths.
-const BENCH_ENDPOINTS: [&str; 3] = ["limited", "plain", "fields"];
+const BENCH_ENDPOINTS: [&str; 4] = ["limited", "plain", "fields", "middleware"];
+
+/// For the HTTP benchmark: the plain handler behind the [`RateLimit`]
+/// middleware, with a limit it never reaches (as `/bench/limited`'s).
+fn bench_middleware() -> RateLimit {
+    RateLimit::new(Rule::fixed_window(1_000_000_000, Duration::from_secs(1))).key("bench_mw")
+}
 
 /// Every benchmark endpoint, or only the one named.
-fn bench_endpoints(config: &mut web::ServiceConfig, only: Option<&str>) {
+fn bench_endpoints(config: &mut web::ServiceConfig, only: Option<&str>, middleware: &RateLimit) {
     let wanted = |name: &str| only.is_none_or(|only| only == name);
+    if wanted("middleware") {
+        config.service(
+            web::resource("/bench/middleware")
+                .wrap(middleware.clone())
+                .get(|| async { "ok\n" }),
+        );
+    }
     if wanted("limited") {
         config.service(bench_limited);
     }
@@ -214,6 +229,7 @@ async fn main() -> std::io::Result<()> {
         Err(_) => "process memory (set REDIS_URL to share budgets through Redis)".to_owned(),
     };
     let limiter = builder.build().await.map_err(std::io::Error::other)?;
+    let middleware = bench_middleware();
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:8080".into());
     println!("rate limits kept in {backend}");
     println!(
@@ -230,7 +246,7 @@ async fn main() -> std::io::Result<()> {
             .service(limit_test4)
             .service(api)
             .service(user)
-            .configure(|config| bench_endpoints(config, bench_only.as_deref()))
+            .configure(|config| bench_endpoints(config, bench_only.as_deref(), &middleware))
             .default_service(web::to(|| async {
                 HttpResponse::NotFound().body("not found\n")
             }))

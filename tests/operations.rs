@@ -481,6 +481,61 @@ async fn headers_state_the_overridden_rule() {
     );
 }
 
+/// A middleware keeps its rule's `RateLimit-Policy` item per worker: each
+/// response still carries its own remaining count, and an override's rule
+/// is stated while it is in force.
+#[actix_web::test]
+async fn a_middleware_states_each_response_and_the_overridden_rule() {
+    let _one_at_a_time = OVERRIDES.lock().await;
+    let limit = RateLimit::new(Rule::fixed_window(5, Duration::from_secs(60))).key("ops-mw-kept");
+    let server = actix_web::HttpServer::new(move || {
+        actix_web::App::new()
+            .wrap(limit.clone())
+            .route("/", actix_web::web::get().to(|| async { "ok" }))
+    })
+    .workers(1)
+    .bind((Ipv4Addr::LOCALHOST, 0))
+    .unwrap();
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    let one = std::net::IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let mut fields = Vec::new();
+    for step in 0..4 {
+        if step == 2 {
+            overrides::set(
+                "ops-mw-kept",
+                RuleOverride {
+                    count: Some(9),
+                    period: Some(Duration::from_secs(90)),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        }
+        if step == 3 {
+            overrides::clear("ops-mw-kept");
+        }
+        let reply = http(one, addr, "GET", "/", &[]).await.unwrap();
+        assert_eq!(reply.status, 200);
+        let field = |name| reply.header(name).map(str::to_owned);
+        fields.push((field("ratelimit-policy"), field("ratelimit")));
+    }
+    let policy = |i: usize| fields[i].0.as_deref().unwrap();
+    let state = |i: usize| fields[i].1.as_deref().unwrap();
+    assert_eq!(policy(0), "\"ops-mw-kept\";q=5;w=60");
+    assert_eq!(state(0), "\"ops-mw-kept\";r=4;t=60");
+    assert_eq!(policy(1), policy(0));
+    assert_eq!(
+        state(1),
+        "\"ops-mw-kept\";r=3;t=60",
+        "written for each response"
+    );
+    assert_eq!(policy(2), "\"ops-mw-kept\";q=9;w=90", "the override's rule");
+    assert!(state(2).starts_with("\"ops-mw-kept\";r="), "{}", state(2));
+    assert_eq!(policy(3), policy(0), "the rule as written again");
+    assert!(state(3).starts_with("\"ops-mw-kept\";r="), "{}", state(3));
+}
+
 #[actix_web::test]
 async fn a_middleware_built_before_the_server_takes_overrides_loaded_at_start_up() {
     let _one_at_a_time = OVERRIDES.lock().await;

@@ -428,24 +428,17 @@ impl Report {
     /// limit and period stay those, as they do unless an override changes
     /// them).
     pub(crate) fn with_policy(mut self, policy: &'static OnceLock<Policy>) -> Report {
-        let window = secs_up(self.period).max(1);
+        // Kept for the process's life (one per call site), so every response
+        // takes them without copying or counting references.
         let policy = policy.get_or_init(|| {
-            // Kept for the process's life (one per call site), so every
-            // response takes them without copying or counting references.
-            let bytes = draft_bytes(std::iter::once(&self), [b";q=", b";w="], |r| {
-                [r.limit, window]
-            });
-            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-            let mut quoted = Vec::with_capacity(sf_string_len(self.name));
-            push_sf_string(&mut quoted, self.name);
-            Policy {
-                limit: self.limit,
-                window,
-                value: HeaderValue::from_maybe_shared(Bytes::from_static(bytes)).ok(),
-                quoted: Box::leak(quoted.into_boxed_slice()),
+            let (value, quoted) = Policy::render(&self);
+            Rendered {
+                value: Bytes::from_static(Box::leak(value.into_boxed_slice())),
+                quoted: Bytes::from_static(Box::leak(quoted.into_boxed_slice())),
             }
+            .checked(&self)
         });
-        if (policy.limit, policy.window) == (self.limit, window) && policy.value.is_some() {
+        if policy.fits(&self) {
             self.policy = Some(policy);
         }
         self
@@ -470,7 +463,59 @@ pub(crate) struct Policy {
     limit: u64,
     window: u64,
     value: Option<HeaderValue>,
-    quoted: &'static [u8],
+    quoted: Bytes,
+}
+
+/// A [`Policy`]'s bytes before they become one.
+struct Rendered {
+    value: Bytes,
+    quoted: Bytes,
+}
+
+impl Rendered {
+    /// The policy, for reports of `report`'s limit and window.
+    fn checked(self, report: &Report) -> Policy {
+        Policy {
+            limit: report.limit,
+            window: window(report),
+            value: HeaderValue::from_maybe_shared(self.value).ok(),
+            quoted: self.quoted,
+        }
+    }
+}
+
+impl Policy {
+    /// `report`'s `RateLimit-Policy` item and its quoted name.
+    fn render(report: &Report) -> (Vec<u8>, Vec<u8>) {
+        let value = draft_bytes(std::iter::once(report), [b";q=", b";w="], |r| {
+            [r.limit, window(r)]
+        });
+        let mut quoted = Vec::with_capacity(sf_string_len(report.name));
+        push_sf_string(&mut quoted, report.name);
+        (value, quoted)
+    }
+
+    /// Rendered for `report`, in buffers of its own (a middleware's, per
+    /// worker: its values' reference counts stay on the worker's thread).
+    fn owned(report: &Report) -> Policy {
+        let (value, quoted) = Policy::render(report);
+        Rendered {
+            value: Bytes::from(value),
+            quoted: Bytes::from(quoted),
+        }
+        .checked(report)
+    }
+
+    /// Whether this is `report`'s item (same limit and window; an override
+    /// changes them).
+    fn fits(&self, report: &Report) -> bool {
+        (self.limit, self.window) == (report.limit, window(report)) && self.value.is_some()
+    }
+}
+
+/// A report's window in whole seconds, at least 1 (the draft's `w`).
+fn window(report: &Report) -> u64 {
+    secs_up(report.period).max(1)
 }
 
 fn secs_up(d: Duration) -> u64 {
@@ -534,7 +579,7 @@ fn draft_value<'a>(
 /// The draft's two fields for one rule whose call site keeps its policy
 /// rendered: that, and the state written from its quoted name.
 fn append_kept(report: &Report, kept: &Policy, headers: &mut HeaderMap) {
-    let state = state_value(kept.quoted, report.remaining, secs_up(report.reset_after));
+    let state = state_value(&kept.quoted, report.remaining, secs_up(report.reset_after));
     if let (Some(policy), Some(state)) = (&kept.value, state) {
         headers.append(RATELIMIT_POLICY, policy.clone());
         headers.append(RATELIMIT, state);
@@ -641,9 +686,8 @@ pub(crate) fn append_rate_limit_headers<'a, I>(
         match kept {
             Some((report, kept)) => append_kept(report, kept, headers),
             None => {
-                let policy = draft_value(reports.clone(), [b";q=", b";w="], |r| {
-                    [r.limit, secs_up(r.period).max(1)]
-                });
+                let policy =
+                    draft_value(reports.clone(), [b";q=", b";w="], |r| [r.limit, window(r)]);
                 let state = draft_value(reports.clone(), [b";r=", b";t="], |r| {
                     [r.remaining, secs_up(r.reset_after)]
                 });
@@ -1046,7 +1090,10 @@ where
         ready(Ok(RateLimitService {
             service: Rc::new(service),
             // A copy per worker: requests share no reference count across threads.
-            config: Rc::new(Middleware::clone(&self.inner)),
+            config: Rc::new(Worker {
+                middleware: Middleware::clone(&self.inner),
+                policy: std::cell::OnceCell::new(),
+            }),
         }))
     }
 }
@@ -1054,7 +1101,14 @@ where
 /// The service [`RateLimit`] wraps around an app, scope or resource.
 pub struct RateLimitService<S> {
     service: Rc<S>,
-    config: Rc<Middleware>,
+    config: Rc<Worker>,
+}
+
+/// A worker's copy of a [`RateLimit`], and its `RateLimit-Policy` item and
+/// quoted name, rendered at its first allowed request.
+struct Worker {
+    middleware: Middleware,
+    policy: std::cell::OnceCell<Policy>,
 }
 
 impl<S> std::fmt::Debug for RateLimitService<S> {
@@ -1076,8 +1130,9 @@ where
 
     fn call(&self, req: ServiceRequest) -> Self::Future {
         let service = Rc::clone(&self.service);
-        let config = Rc::clone(&self.config);
+        let worker = Rc::clone(&self.config);
         Box::pin(async move {
+            let config = &worker.middleware;
             let pass = |req: ServiceRequest| {
                 let service = Rc::clone(&service);
                 async move { Ok(service.call(req).await?.map_into_left_body()) }
@@ -1085,7 +1140,9 @@ where
             if config.exempt_path(req.path()) {
                 return pass(req).await;
             }
-            let limiter = limiter_for(req.request()).clone();
+            // Borrowed from the request (no reference count shared by the
+            // workers is touched), until the request goes to the service.
+            let limiter = limiter_for(req.request());
             // The subject of the key, after the allow-list: each kind of
             // subject is compared as the request has it (not as rendered
             // into the key, where long values are digested and IPv6 masked).
@@ -1101,7 +1158,7 @@ where
                         Ok(subject) => subject,
                         Err(()) => {
                             let refusal = RateLimited::unknown_client(config.rule.count());
-                            let response = refused(refusal, &[], &limiter);
+                            let response = refused(refusal, &[], limiter);
                             return Ok(req.into_response(response).map_into_right_body());
                         }
                     }
@@ -1125,19 +1182,26 @@ where
                     subject
                 }
             };
-            let key = format!("{}{subject}", config.key);
+            let joined;
+            let key = if subject.is_empty() {
+                // A global budget: the key as it is.
+                config.key.as_str()
+            } else {
+                joined = format!("{}{subject}", config.key);
+                joined.as_str()
+            };
             let on_error = config.on_error.unwrap_or(limiter.on_backend_error());
             let (rule, shadow) =
                 crate::overrides::effective(config.name, &config.rule, limiter.is_shadow())
                     .unwrap_or((config.rule, limiter.is_shadow()));
             let permit = match limiter
-                .acquire_with(&rule, &key, config.cost, on_error)
+                .acquire_with(&rule, key, config.cost, on_error)
                 .await
             {
                 Ok(permit) => permit,
                 Err(Error::Backend(_)) => {
                     let refusal = RateLimited::backend_unavailable(config.rule.count());
-                    let response = refused(refusal, &[], &limiter);
+                    let response = refused(refusal, &[], limiter);
                     return Ok(req.into_response(response).map_into_right_body());
                 }
                 Err(error) => {
@@ -1155,14 +1219,21 @@ where
             } else if !decision.allowed {
                 let refusal =
                     RateLimited::from_decision(&decision).with_rule(rule.period(), config.name);
-                let response = refused(refusal, &[], &limiter);
+                let response = refused(refusal, &[], limiter);
                 return Ok(req.into_response(response).map_into_right_body());
             }
             let report = Report::new(config.name, &rule, &decision);
             let style = limiter.http_options().headers;
             let mut response = service.call(req).await?;
             drop(permit);
-            append_rate_limit_headers(style, [&report], response.headers_mut());
+            let kept = worker.policy.get_or_init(|| Policy::owned(&report));
+            let headers = response.headers_mut();
+            match style {
+                // As a limited handler's: the item kept, the state written
+                // from the kept quoted name.
+                HeaderStyle::Draft if kept.fits(&report) => append_kept(&report, kept, headers),
+                _ => append_rate_limit_headers(style, [&report], headers),
+            }
             Ok(response.map_into_left_body())
         })
     }
@@ -1408,7 +1479,7 @@ mod tests {
         let first = Report::new("site", &rule, &decision(10)).with_policy(&POLICY);
         let kept = first.policy.expect("rendered at the first report");
         assert_eq!(kept.value.as_ref().unwrap(), "\"site\";q=10;w=2");
-        assert_eq!(kept.quoted, b"\"site\"");
+        assert_eq!(kept.quoted, &b"\"site\""[..]);
         assert_eq!(
             fields(first),
             (
