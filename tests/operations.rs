@@ -440,6 +440,16 @@ async fn a_huge_header_is_refused_by_the_server_and_changes_nothing() {
     );
 }
 
+/// Overrides the rule `name`'s count and period (in seconds).
+fn override_count_and_period(name: &str, count: u64, period: u64) {
+    let rule = RuleOverride {
+        count: Some(count),
+        period: Some(Duration::from_secs(period)),
+        ..Default::default()
+    };
+    overrides::set(name, rule).unwrap();
+}
+
 #[rate_limit(key = "ops-override-headers", count = 5, period = 60)]
 #[actix_web::get("/overridden")]
 async fn overridden_handler() -> impl actix_web::Responder {
@@ -457,15 +467,7 @@ async fn headers_state_the_overridden_rule() {
         reply.header("ratelimit-policy"),
         Some("\"ops-override-headers\";q=5;w=60")
     );
-    overrides::set(
-        "ops-override-headers",
-        RuleOverride {
-            count: Some(7),
-            period: Some(Duration::from_secs(90)),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    override_count_and_period("ops-override-headers", 7, 90);
     let reply = get().await.unwrap();
     assert_eq!(
         reply.header("ratelimit-policy"),
@@ -481,6 +483,22 @@ async fn headers_state_the_overridden_rule() {
     );
 }
 
+/// A server whose one route is behind `limit`, with `limiter` as its app's.
+fn serve_behind(limit: RateLimit, limiter: RateLimiter, workers: usize) -> std::net::SocketAddr {
+    let server = actix_web::HttpServer::new(move || {
+        actix_web::App::new()
+            .app_data(limiter.clone())
+            .wrap(limit.clone())
+            .route("/", actix_web::web::get().to(|| async { "ok" }))
+    })
+    .workers(workers)
+    .bind((Ipv4Addr::LOCALHOST, 0))
+    .unwrap();
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    addr
+}
+
 /// A middleware keeps its rule's `RateLimit-Policy` item per worker: each
 /// response still carries its own remaining count, and an override's rule
 /// is stated while it is in force.
@@ -488,29 +506,12 @@ async fn headers_state_the_overridden_rule() {
 async fn a_middleware_states_each_response_and_the_overridden_rule() {
     let _one_at_a_time = OVERRIDES.lock().await;
     let limit = RateLimit::new(Rule::fixed_window(5, Duration::from_secs(60))).key("ops-mw-kept");
-    let server = actix_web::HttpServer::new(move || {
-        actix_web::App::new()
-            .wrap(limit.clone())
-            .route("/", actix_web::web::get().to(|| async { "ok" }))
-    })
-    .workers(1)
-    .bind((Ipv4Addr::LOCALHOST, 0))
-    .unwrap();
-    let addr = server.addrs()[0];
-    actix_web::rt::spawn(server.run());
+    let addr = serve_behind(limit, RateLimiter::in_memory(), 1);
     let one = std::net::IpAddr::V4(Ipv4Addr::LOCALHOST);
     let mut fields = Vec::new();
     for step in 0..4 {
         if step == 2 {
-            overrides::set(
-                "ops-mw-kept",
-                RuleOverride {
-                    count: Some(9),
-                    period: Some(Duration::from_secs(90)),
-                    ..Default::default()
-                },
-            )
-            .unwrap();
+            override_count_and_period("ops-mw-kept", 9, 90);
         }
         if step == 3 {
             overrides::clear("ops-mw-kept");
@@ -543,18 +544,8 @@ async fn a_middleware_built_before_the_server_takes_overrides_loaded_at_start_up
     // and cloned into the app factory: it is Send and Sync.
     let limit = RateLimit::new(Rule::fixed_window(2, Duration::from_secs(60))).key("ops-mw-early");
     overrides::load_str("ops-mw-early.count = 4").unwrap();
-    let limiter = RateLimiter::in_memory(); // one store for both workers
-    let server = actix_web::HttpServer::new(move || {
-        actix_web::App::new()
-            .app_data(limiter.clone())
-            .wrap(limit.clone())
-            .route("/", actix_web::web::get().to(|| async { "ok" }))
-    })
-    .workers(2)
-    .bind((Ipv4Addr::LOCALHOST, 0))
-    .unwrap();
-    let addr = server.addrs()[0];
-    actix_web::rt::spawn(server.run());
+    // One store for both workers.
+    let addr = serve_behind(limit, RateLimiter::in_memory(), 2);
     let one = std::net::IpAddr::V4(Ipv4Addr::LOCALHOST);
     let mut statuses = Vec::new();
     for _ in 0..5 {
