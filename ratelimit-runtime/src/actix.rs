@@ -432,11 +432,8 @@ impl Report {
         // takes them without copying or counting references.
         let policy = policy.get_or_init(|| {
             let (value, quoted) = Policy::render(&self);
-            Rendered {
-                value: Bytes::from_static(Box::leak(value.into_boxed_slice())),
-                quoted: Bytes::from_static(Box::leak(quoted.into_boxed_slice())),
-            }
-            .checked(&self)
+            let leak = |bytes: Vec<u8>| Bytes::from_static(Box::leak(bytes.into_boxed_slice()));
+            Policy::from_parts(&self, leak(value), leak(quoted))
         });
         if policy.fits(&self) {
             self.policy = Some(policy);
@@ -466,24 +463,6 @@ pub(crate) struct Policy {
     quoted: Bytes,
 }
 
-/// A [`Policy`]'s bytes before they become one.
-struct Rendered {
-    value: Bytes,
-    quoted: Bytes,
-}
-
-impl Rendered {
-    /// The policy, for reports of `report`'s limit and window.
-    fn checked(self, report: &Report) -> Policy {
-        Policy {
-            limit: report.limit,
-            window: window(report),
-            value: HeaderValue::from_maybe_shared(self.value).ok(),
-            quoted: self.quoted,
-        }
-    }
-}
-
 impl Policy {
     /// `report`'s `RateLimit-Policy` item and its quoted name.
     fn render(report: &Report) -> (Vec<u8>, Vec<u8>) {
@@ -495,15 +474,22 @@ impl Policy {
         (value, quoted)
     }
 
+    /// The policy of reports of `report`'s limit and window, from
+    /// [`render`](Policy::render)'s bytes.
+    fn from_parts(report: &Report, value: Bytes, quoted: Bytes) -> Policy {
+        Policy {
+            limit: report.limit,
+            window: window(report),
+            value: HeaderValue::from_maybe_shared(value).ok(),
+            quoted,
+        }
+    }
+
     /// Rendered for `report`, in buffers of its own (a middleware's, per
     /// worker: its values' reference counts stay on the worker's thread).
     fn owned(report: &Report) -> Policy {
         let (value, quoted) = Policy::render(report);
-        Rendered {
-            value: Bytes::from(value),
-            quoted: Bytes::from(quoted),
-        }
-        .checked(report)
+        Policy::from_parts(report, Bytes::from(value), Bytes::from(quoted))
     }
 
     /// Whether this is `report`'s item (same limit and window; an override
@@ -1226,13 +1212,15 @@ where
             let style = limiter.http_options().headers;
             let mut response = service.call(req).await?;
             drop(permit);
-            let kept = worker.policy.get_or_init(|| Policy::owned(&report));
             let headers = response.headers_mut();
-            match style {
-                // As a limited handler's: the item kept, the state written
-                // from the kept quoted name.
-                HeaderStyle::Draft if kept.fits(&report) => append_kept(&report, kept, headers),
-                _ => append_rate_limit_headers(style, [&report], headers),
+            // As a limited handler's: the draft's item kept, the state
+            // written from the kept quoted name.
+            let kept = (style == HeaderStyle::Draft)
+                .then(|| worker.policy.get_or_init(|| Policy::owned(&report)))
+                .filter(|kept| kept.fits(&report));
+            match kept {
+                Some(kept) => append_kept(&report, kept, headers),
+                None => append_rate_limit_headers(style, [&report], headers),
             }
             Ok(response.map_into_left_body())
         })
