@@ -6,6 +6,15 @@
 //!
 //! `cargo bench --bench threads [-- --rounds 21 --checks 1000000]`
 //!
+//! `cargo bench --bench threads -- --turns [--rounds 5]` measures instead
+//! what one check costs when two threads take turns on one key, each check
+//! finding the key's memory last written by the other core (as a global
+//! limit's checks do on a server's workers): per turn, the turn alone, a
+//! `#[rate_limit]` fn whose key is fixed (its state pinned to a cache line
+//! of its own) and a check by hand of one key (through the store's shards).
+//! One JSON line each: `{"turns", "ns_per_turn", "runs"}`, the median and
+//! every round's.
+//!
 //! Criterion's two rows of an algorithm run seconds apart, and on these two
 //! shared cores a row on two threads needs both cores for its whole length:
 //! one slow stretch in either row decides the comparison. Here each round is
@@ -25,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{KEYS, governor, keys, ours, ours_for, rule};
-use ratelimit_runtime::Algorithm;
+use ratelimit_runtime::{Algorithm, RateLimited, RateLimiter, Rule, rate_limit};
 
 /// Runs `checks` checks on `threads` threads at once (each its own half of
 /// the keys on two), `check(key)` each (a `&String`, as governor's keys are); the wall time.
@@ -117,8 +126,83 @@ fn pairs(
     );
 }
 
+/// A check with a fixed key (pinned), for `--turns`.
+#[rate_limit(key = "threads-turns", count = 1_000_000_000, period = 1)]
+async fn fixed_key() -> Result<(), RateLimited> {
+    Ok(())
+}
+
+/// The same rule, checked by hand.
+static TURNS_RULE: Rule = Rule::fixed_window(1_000_000_000, Duration::from_secs(1));
+
+/// A future's answer, which a check in process memory has at once.
+fn at_once<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(output) => output,
+        std::task::Poll::Pending => panic!("a check in process memory answers at once"),
+    }
+}
+
+/// Two threads taking `turns` turns, each running `work` in its turn; ns
+/// per turn.
+fn turns(turns: u64, work: &(impl Fn() + Sync)) -> f64 {
+    let turn = AtomicU64::new(0);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for me in 0..2 {
+            let turn = &turn;
+            s.spawn(move || {
+                loop {
+                    let t = turn.load(Ordering::Acquire);
+                    if t >= turns {
+                        break;
+                    }
+                    if t % 2 != me {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    work();
+                    turn.store(t + 1, Ordering::Release);
+                }
+            });
+        }
+    });
+    start.elapsed().as_nanos() as f64 / turns as f64
+}
+
+/// `--turns`: see the top of this file.
+fn turns_main(rounds: usize) {
+    let global = RateLimiter::global();
+    let kinds: [(&str, &(dyn Fn() + Sync)); 3] = [
+        ("alone", &|| {}),
+        ("fixed_key", &|| {
+            at_once(fixed_key()).expect("never refused")
+        }),
+        ("one_key_by_hand", &|| {
+            let decision = at_once(global.check(&TURNS_RULE, "limiter:threads-turns-by-hand"));
+            assert!(decision.expect("in memory").allowed);
+        }),
+    ];
+    let mut runs = vec![Vec::new(); kinds.len()];
+    for _ in 0..rounds {
+        for (i, (_, work)) in kinds.iter().enumerate() {
+            runs[i].push(turns(400_000, work));
+        }
+    }
+    for ((name, _), runs) in kinds.iter().zip(runs) {
+        let all: Vec<String> = runs.iter().map(|r| format!("{r:.1}")).collect();
+        println!(
+            "{{\"turns\":\"{name}\",\"ns_per_turn\":{:.1},\"runs\":[{}]}}",
+            median(runs.clone()),
+            all.join(",")
+        );
+    }
+}
+
 fn main() {
-    let (mut rounds, mut checks) = (21, 1_000_000);
+    let (mut rounds, mut checks, mut turns) = (None, 1_000_000, false);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| -> usize {
@@ -127,13 +211,18 @@ fn main() {
                 .unwrap_or_else(|| panic!("{name} needs a whole number"))
         };
         match arg.as_str() {
-            "--rounds" => rounds = value("--rounds").max(1),
+            "--rounds" => rounds = Some(value("--rounds").max(1)),
+            "--turns" => turns = true,
             "--checks" => checks = value("--checks").max(2),
             // What `cargo bench` passes to every bench.
             "--bench" => {}
-            other => panic!("unknown argument {other}: --rounds N, --checks N"),
+            other => panic!("unknown argument {other}: --rounds N, --checks N, --turns"),
         }
     }
+    if turns {
+        return turns_main(rounds.unwrap_or(5));
+    }
+    let rounds = rounds.unwrap_or(21);
     let keys = keys();
     for algorithm in Algorithm::ALL {
         let (store, limiter) = ours_for("threads", algorithm);

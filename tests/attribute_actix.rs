@@ -4,8 +4,10 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
+use std::time::Duration;
+
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, Responder, get, post, web};
-use ratelimit_runtime::{RateLimited, rate_limit};
+use ratelimit_runtime::{RateLimited, RateLimiter, Rule, rate_limit};
 use ratelimit_workspace::{HttpReply, http};
 
 const ONE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
@@ -51,6 +53,47 @@ async fn try_later(name: web::Path<String>, limited: RateLimited) -> impl Respon
             "{name}: try again later ({} s)",
             limited.retry_after_secs()
         ))
+}
+
+#[get("/fixed")]
+#[rate_limit(key = "fixed-key", count = 2, period = 10)]
+async fn fixed() -> impl Responder {
+    "fixed"
+}
+
+/// A server of `fixed` whose app has a limiter of its own.
+fn serve_fixed(limiter: RateLimiter) -> SocketAddr {
+    let server = HttpServer::new(move || App::new().app_data(limiter.clone()).service(fixed))
+        .workers(2)
+        .bind((Ipv4Addr::LOCALHOST, 0))
+        .expect("binding a loopback port");
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    addr
+}
+
+/// A fixed key's state is kept apart (pinned) in the first store its call
+/// site meets: each app's limiter still keeps a budget of its own, and a
+/// check by hand of the same key shares it, whichever store was first.
+#[actix_web::test]
+async fn a_fixed_key_has_one_budget_per_store_shared_with_checks_by_hand() {
+    let rule = Rule::fixed_window(2, Duration::from_secs(10));
+    for _ in 0..2 {
+        let limiter = RateLimiter::in_memory();
+        let addr = serve_fixed(limiter.clone());
+        assert_eq!(get_from(ONE, addr, "/fixed").await.body, "fixed");
+        let by_hand = limiter.check(&rule, "limiter:fixed-key").await.unwrap();
+        assert!(by_hand.allowed);
+        assert_eq!(by_hand.remaining, 0, "the handler's call counted");
+        assert_limited(&get_from(TWO, addr, "/fixed").await);
+        assert!(
+            !limiter
+                .check(&rule, "limiter:fixed-key")
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
 }
 
 async fn serve() -> SocketAddr {

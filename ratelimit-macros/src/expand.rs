@@ -186,24 +186,32 @@ fn check_call(
     request: Option<&Ident>,
 ) -> TokenStream {
     let key = key_expr(rule, rt);
+    // Every call checks the same key: the runtime may keep its state apart.
+    let fixed = !is_dynamic(rule) && matches!(rule.subject, Subject::Global);
     match request {
         Some(req) => {
             let by = match &rule.subject {
+                Subject::Global if fixed => quote!(#rt::actix::By::GlobalFixed),
                 Subject::Global => quote!(#rt::actix::By::Global),
                 Subject::Ip => quote!(#rt::actix::By::Ip),
                 Subject::Header(name) => quote!(#rt::actix::By::Header(#name)),
             };
             quote!(#rt::actix::check(&#site, #key, #by, &#req, __ratelimit_app))
         }
+        None if fixed => quote!(#rt::check_fixed(&#site, #key)),
         None => quote!(#rt::check(&#site, #key)),
     }
+}
+
+/// Whether the rule's key depends on the call (a placeholder's value).
+fn is_dynamic(rule: &RuleConfig) -> bool {
+    rule.key.iter().any(|part| matches!(part, Part::Value(_)))
 }
 
 /// The rule's key (before any `by = ip`/`header` subject), as a `&str`: one
 /// `&'static str` built at compile time when nothing in it depends on the call.
 fn key_expr(rule: &RuleConfig, rt: &TokenStream) -> TokenStream {
-    let dynamic = rule.key.iter().any(|part| matches!(part, Part::Value(_)));
-    if dynamic {
+    if is_dynamic(rule) {
         let mut format = String::new();
         let mut args = Vec::new();
         for part in &rule.key {
@@ -322,6 +330,43 @@ mod tests {
             "no allocation for a static key: {out}"
         );
         assert!(out.contains("static __RATELIMIT_SITE_0"), "{out}");
+        assert!(
+            out.contains("check_fixed"),
+            "a fixed key is checked as one: {out}"
+        );
+    }
+
+    #[test]
+    fn only_a_key_the_same_at_every_call_is_checked_as_fixed() {
+        let plain = |args: proc_macro2::TokenStream| {
+            expand(
+                args,
+                quote!(
+                    async fn f(id: u32) -> Result<(), E> {
+                        Ok(())
+                    }
+                ),
+            )
+        };
+        assert!(!plain(quote!(key = "k:{id}", count = 3)).contains("check_fixed"));
+        assert!(!plain(quote!(key = "k", count = 3, by = arg(id))).contains("check_fixed"));
+        let handler = |args: proc_macro2::TokenStream| {
+            expand(
+                args,
+                quote!(
+                    #[actix_web::get("/")]
+                    async fn h() -> impl Responder {
+                        "x"
+                    }
+                ),
+            )
+        };
+        assert!(handler(quote!(key = "k", count = 3)).contains("By :: GlobalFixed"));
+        let by_ip = handler(quote!(key = "k", count = 3, by = ip));
+        assert!(
+            !by_ip.contains("GlobalFixed") && by_ip.contains("By :: Ip"),
+            "{by_ip}"
+        );
     }
 
     #[test]

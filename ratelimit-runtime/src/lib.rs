@@ -138,6 +138,9 @@ pub mod __private {
         /// Its `RateLimit-Policy` item, rendered at the first response.
         #[cfg(feature = "actix")]
         policy: OnceLock<crate::actix::Policy>,
+        /// Its key's state in process memory, when the key is fixed: pinned
+        /// at the first call ([`check_fixed`]).
+        pinned: crate::limiter::PinCache,
     }
 
     impl Site {
@@ -162,6 +165,7 @@ pub mod __private {
                 counters: OnceLock::new(),
                 #[cfg(feature = "actix")]
                 policy: OnceLock::new(),
+                pinned: OnceLock::new(),
             }
         }
 
@@ -244,7 +248,17 @@ pub mod __private {
     /// `Err` with the rejection.
     #[inline]
     pub fn check<'a>(site: &'static Site, key: &'a str) -> Checking<'a> {
-        check_on(site, site.limiter(), key)
+        check_on(site, site.limiter(), key, false)
+    }
+
+    /// [`check`] of a call site whose key is fixed (no placeholder, no
+    /// subject): every call checks the same key, so in process memory its
+    /// state is pinned to a cache line of its own, reached without the
+    /// store's shards (one cache line moves between the threads that take
+    /// turns on it, not two or three).
+    #[inline]
+    pub fn check_fixed(site: &'static Site, key: &'static str) -> Checking<'static> {
+        check_on(site, site.limiter(), key, true)
     }
 
     /// What [`check`] answers: in process memory the answer is there at
@@ -294,8 +308,9 @@ pub mod __private {
         site: &'static Site,
         limiter: Option<&'a RateLimiter>,
         key: &'a str,
+        fixed: bool,
     ) -> Checking<'a> {
-        match decide_now(site, limiter, key) {
+        match decide_now(site, limiter, key, fixed) {
             Ok(answer) => ReadyOr::Ready(Some(answer)),
             Err(later) => ReadyOr::Pending(Box::pin(later.decide(site, key))),
         }
@@ -309,7 +324,7 @@ pub mod __private {
         limiter: Option<&'a RateLimiter>,
         key: String,
     ) -> Checking<'a> {
-        match decide_now(site, limiter, &key) {
+        match decide_now(site, limiter, &key, false) {
             Ok(answer) => ReadyOr::Ready(Some(answer)),
             Err(later) => ReadyOr::Pending(Box::pin(async move { later.decide(site, &key).await })),
         }
@@ -351,6 +366,7 @@ pub mod __private {
         site: &'static Site,
         limiter: Option<&'a RateLimiter>,
         key: &str,
+        fixed: bool,
     ) -> Result<Result<Permit, RateLimited>, Later<'a>> {
         let Some(limiter) = limiter else {
             return Err(Later::MissingLimiter);
@@ -358,7 +374,8 @@ pub mod __private {
         let shadow = site.shadow || limiter.is_shadow();
         let (rule, shadow) = crate::overrides::effective(site.name, &site.rule, shadow)
             .unwrap_or((site.rule, shadow));
-        match limiter.acquire_at_once(&rule, key, site.cost) {
+        let pin = fixed.then_some(&site.pinned);
+        match limiter.acquire_at_once_pinned(&rule, key, site.cost, pin) {
             Some(answer) => Ok(conclude(site, &rule, shadow, key, answer)),
             None => Err(Later::Backend {
                 limiter,
@@ -497,6 +514,9 @@ pub mod __private {
         pub enum By {
             /// Everyone's.
             Global,
+            /// Everyone's, under a key fixed at compile time (see
+            /// [`check_fixed`](super::check_fixed)).
+            GlobalFixed,
             /// The client address's.
             Ip,
             /// The header value's.
@@ -519,7 +539,8 @@ pub mod __private {
                 None => Some(app),
             };
             let key = match by {
-                By::Global => return check_on(site, limiter, base),
+                By::Global => return check_on(site, limiter, base, false),
+                By::GlobalFixed => return check_on(site, limiter, base, true),
                 By::Ip => {
                     let subject = match limiter.map(|l| ip_subject(l, req)) {
                         Some(Ok(subject)) => subject,

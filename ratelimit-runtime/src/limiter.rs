@@ -13,7 +13,7 @@ use std::time::Duration;
 use once_cell::sync::OnceCell;
 
 use crate::backend::Backend;
-use crate::backend::memory::MemoryBackend;
+use crate::backend::memory::{MemoryBackend, Pinned};
 #[cfg(feature = "redis")]
 use crate::backend::redis::{
     ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, RedisBackend,
@@ -381,17 +381,38 @@ impl RateLimiter {
         key: &str,
         cost: u64,
     ) -> Option<Result<Permit, Error>> {
+        self.acquire_at_once_pinned(rule, key, cost, None)
+    }
+
+    /// [`acquire_at_once`](RateLimiter::acquire_at_once) for a caller whose
+    /// key is always the same (a call site's fixed key): in process memory
+    /// the key is pinned ([`Pinned`]) at its first call and `pin` keeps it
+    /// for the later ones.
+    pub(crate) fn acquire_at_once_pinned(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        pin: Option<&PinCache>,
+    ) -> Option<Result<Permit, Error>> {
         if let Err(error) = validate_cost(rule, cost) {
             return Some(Err(error));
         }
         let Store::Memory(memory) = &self.inner.store else {
             return None;
         };
-        let (decision, id) = if rule.algorithm() == Algorithm::Concurrency {
-            let id = next_lease_id();
-            (memory.acquire_now(rule, key, cost, id), id)
-        } else {
-            (memory.check_now(rule, key, cost), 0)
+        let pinned = pin.and_then(|pin| pinned_in(memory, pin, key));
+        let (decision, id) = match (rule.algorithm() == Algorithm::Concurrency, pinned) {
+            (true, pinned) => {
+                let id = next_lease_id();
+                let decision = match pinned {
+                    Some(pinned) => memory.acquire_pinned(pinned, rule, cost, id),
+                    None => memory.acquire_now(rule, key, cost, id),
+                };
+                (decision, id)
+            }
+            (false, Some(pinned)) => (memory.check_pinned(pinned, rule, cost), 0),
+            (false, None) => (memory.check_now(rule, key, cost), 0),
         };
         Some(Ok(self.permit(rule, key, cost, id, decision, false)))
     }
@@ -493,6 +514,25 @@ impl RateLimiter {
         };
         Ok(self.permit(rule, key, cost, id, decision, held_by_insurance))
     }
+}
+
+/// A call site's pinned key: the number of the store it was pinned in, and
+/// its state there.
+pub(crate) type PinCache = std::sync::OnceLock<(u64, Arc<Pinned>)>;
+
+/// The state of the key that `pin` keeps, if it was pinned in `memory`;
+/// pinned now at the key's first call. A call site checked through another
+/// store (an app's own limiter besides the global one) goes through that
+/// store's shards.
+fn pinned_in<'p>(memory: &MemoryBackend, pin: &'p PinCache, key: &str) -> Option<&'p Pinned> {
+    let (store, pinned) = match pin.get() {
+        Some(kept) => kept,
+        None => {
+            let pinned = memory.pin(key)?;
+            pin.get_or_init(|| (memory.id(), pinned))
+        }
+    };
+    (*store == memory.id()).then_some(&**pinned)
 }
 
 fn validate_cost(rule: &Rule, cost: u64) -> Result<(), Error> {
