@@ -517,22 +517,20 @@ impl RateLimiter {
 }
 
 /// A call site's pinned key: the number of the store it was pinned in, and
-/// its state there.
-pub(crate) type PinCache = std::sync::OnceLock<(u64, Arc<Pinned>)>;
+/// its state there (`None`: that store was at its cap of keys).
+pub(crate) type PinCache = std::sync::OnceLock<(u64, Option<Arc<Pinned>>)>;
 
 /// The state of the key that `pin` keeps, if it was pinned in `memory`;
-/// pinned now at the key's first call. A call site checked through another
-/// store (an app's own limiter besides the global one) goes through that
-/// store's shards.
+/// pinned at the key's first call, once. A call site checked through
+/// another store (an app's own limiter besides the global one), or whose
+/// store was full then, goes through the store's shards.
 fn pinned_in<'p>(memory: &MemoryBackend, pin: &'p PinCache, key: &str) -> Option<&'p Pinned> {
-    let (store, pinned) = match pin.get() {
-        Some(kept) => kept,
-        None => {
-            let pinned = memory.pin(key)?;
-            pin.get_or_init(|| (memory.id(), pinned))
-        }
-    };
-    (*store == memory.id()).then_some(&**pinned)
+    let (store, pinned) = pin.get_or_init(|| (memory.id(), memory.pin(key)));
+    if *store == memory.id() {
+        pinned.as_deref()
+    } else {
+        None
+    }
 }
 
 fn validate_cost(rule: &Rule, cost: u64) -> Result<(), Error> {
