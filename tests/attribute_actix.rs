@@ -61,17 +61,6 @@ async fn fixed() -> impl Responder {
     "fixed"
 }
 
-/// A server of `fixed` whose app has a limiter of its own.
-fn serve_fixed(limiter: RateLimiter) -> SocketAddr {
-    let server = HttpServer::new(move || App::new().app_data(limiter.clone()).service(fixed))
-        .workers(2)
-        .bind((Ipv4Addr::LOCALHOST, 0))
-        .expect("binding a loopback port");
-    let addr = server.addrs()[0];
-    actix_web::rt::spawn(server.run());
-    addr
-}
-
 /// A fixed key's state is kept apart (pinned) in the first store its call
 /// site meets: each app's limiter still keeps a budget of its own, and a
 /// check by hand of the same key shares it, whichever store was first.
@@ -80,7 +69,7 @@ async fn a_fixed_key_has_one_budget_per_store_shared_with_checks_by_hand() {
     let rule = Rule::fixed_window(2, Duration::from_secs(10));
     for _ in 0..2 {
         let limiter = RateLimiter::in_memory();
-        let addr = serve_fixed(limiter.clone());
+        let addr = serve_with(limiter.clone());
         assert_eq!(get_from(ONE, addr, "/fixed").await.body, "fixed");
         let by_hand = limiter.check(&rule, "limiter:fixed-key").await.unwrap();
         assert!(by_hand.allowed);
@@ -96,9 +85,17 @@ async fn a_fixed_key_has_one_budget_per_store_shared_with_checks_by_hand() {
     }
 }
 
+/// A server of every handler above, on the global limiter.
 async fn serve() -> SocketAddr {
-    let server = HttpServer::new(|| {
+    serve_with(RateLimiter::global().clone())
+}
+
+/// The same, with `limiter` as its app's.
+fn serve_with(limiter: RateLimiter) -> SocketAddr {
+    let server = HttpServer::new(move || {
         App::new()
+            .app_data(limiter.clone())
+            .service(fixed)
             .service(above)
             .service(below)
             .service(global)
