@@ -499,6 +499,28 @@ fn serve_behind(limit: RateLimit, limiter: RateLimiter, workers: usize) -> std::
     addr
 }
 
+/// A middleware's global budget keeps its key's state apart (pinned) in
+/// the first store each worker meets: each app's limiter still has a budget
+/// of its own, shared with checks by hand of the key.
+#[actix_web::test]
+async fn a_middleware_global_budget_is_one_per_store_shared_with_checks_by_hand() {
+    let rule = Rule::fixed_window(2, Duration::from_secs(60));
+    let limit = RateLimit::new(rule).key("ops-mw-pinned");
+    let one = std::net::IpAddr::V4(Ipv4Addr::LOCALHOST);
+    for _ in 0..2 {
+        let limiter = RateLimiter::in_memory();
+        let addr = serve_behind(limit.clone(), limiter.clone(), 1);
+        assert_eq!(http(one, addr, "GET", "/", &[]).await.unwrap().status, 200);
+        let by_hand = limiter.check(&rule, "limiter:ops-mw-pinned").await.unwrap();
+        assert_eq!(
+            (by_hand.allowed, by_hand.remaining),
+            (true, 0),
+            "the request counted"
+        );
+        assert_eq!(http(one, addr, "GET", "/", &[]).await.unwrap().status, 429);
+    }
+}
+
 /// A middleware keeps its rule's `RateLimit-Policy` item per worker: each
 /// response still carries its own remaining count, and an override's rule
 /// is stated while it is in force.

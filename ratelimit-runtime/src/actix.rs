@@ -1079,6 +1079,7 @@ where
             config: Rc::new(Worker {
                 middleware: Middleware::clone(&self.inner),
                 policy: std::cell::OnceCell::new(),
+                pinned: crate::limiter::PinCache::new(),
             }),
         }))
     }
@@ -1095,6 +1096,9 @@ pub struct RateLimitService<S> {
 struct Worker {
     middleware: Middleware,
     policy: std::cell::OnceCell<Policy>,
+    /// A global budget's key, pinned in process memory at its first request
+    /// (as a `#[rate_limit]` fixed key is).
+    pinned: crate::limiter::PinCache,
 }
 
 impl<S> std::fmt::Debug for RateLimitService<S> {
@@ -1180,8 +1184,9 @@ where
             let (rule, shadow) =
                 crate::overrides::effective(config.name, &config.rule, limiter.is_shadow())
                     .unwrap_or((config.rule, limiter.is_shadow()));
+            let pin = matches!(config.by, By::Global).then_some(&worker.pinned);
             let permit = match limiter
-                .acquire_with(&rule, key, config.cost, on_error)
+                .acquire_pinned_with(&rule, key, config.cost, on_error, pin)
                 .await
             {
                 Ok(permit) => permit,

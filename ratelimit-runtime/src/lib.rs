@@ -375,7 +375,7 @@ pub mod __private {
         let (rule, shadow) = crate::overrides::effective(site.name, &site.rule, shadow)
             .unwrap_or((site.rule, shadow));
         let pin = fixed.then_some(&site.pinned);
-        match limiter.acquire_at_once_pinned(&rule, key, site.cost, pin) {
+        match limiter.acquire_at_once(&rule, key, site.cost, pin) {
             Some(answer) => Ok(conclude(site, &rule, shadow, key, answer)),
             None => Err(Later::Backend {
                 limiter,

@@ -364,7 +364,20 @@ impl RateLimiter {
         cost: u64,
         on_error: OnError,
     ) -> Acquiring<'a> {
-        match self.acquire_at_once(rule, key, cost) {
+        self.acquire_pinned_with(rule, key, cost, on_error, None)
+    }
+
+    /// [`acquire_with`](RateLimiter::acquire_with) for a caller whose key is
+    /// always the same (see [`acquire_at_once`](RateLimiter::acquire_at_once)).
+    pub(crate) fn acquire_pinned_with<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+        on_error: OnError,
+        pin: Option<&PinCache>,
+    ) -> Acquiring<'a> {
+        match self.acquire_at_once(rule, key, cost, pin) {
             Some(answer) => crate::__private::ReadyOr::Ready(Some(answer)),
             None => crate::__private::ReadyOr::Pending(Box::pin(
                 self.acquire_from_backend(rule, key, cost, on_error),
@@ -375,20 +388,11 @@ impl RateLimiter {
     /// [`acquire`](RateLimiter::acquire) when the answer needs no waiting:
     /// an invalid cost, or a limiter in process memory. `None`: ask the
     /// backend ([`acquire_from_backend`](RateLimiter::acquire_from_backend)).
+    ///
+    /// `pin`: for a caller whose key is always the same (a call site's fixed
+    /// key, a middleware's global one), which keeps the key pinned
+    /// ([`Pinned`]) in process memory from its first call on.
     pub(crate) fn acquire_at_once(
-        &self,
-        rule: &Rule,
-        key: &str,
-        cost: u64,
-    ) -> Option<Result<Permit, Error>> {
-        self.acquire_at_once_pinned(rule, key, cost, None)
-    }
-
-    /// [`acquire_at_once`](RateLimiter::acquire_at_once) for a caller whose
-    /// key is always the same (a call site's fixed key): in process memory
-    /// the key is pinned ([`Pinned`]) at its first call and `pin` keeps it
-    /// for the later ones.
-    pub(crate) fn acquire_at_once_pinned(
         &self,
         rule: &Rule,
         key: &str,
