@@ -24,8 +24,10 @@ const MIN_SWEEP_LEN: usize = 1024;
 /// Budgets kept in process memory, sharded by key.
 ///
 /// Cheap to clone (clones share the store). Expired keys are reclaimed as new
-/// keys arrive; nothing needs to be called for that. Time is the given
-/// [`Clock`]'s, in whole microseconds.
+/// keys arrive; nothing needs to be called for that. The fixed key of a
+/// `#[rate_limit]` call site (or a `RateLimit` middleware's global key) is
+/// pinned: kept on a cache line of its own and never reclaimed, one per
+/// call site. Time is the given [`Clock`]'s, in whole microseconds.
 ///
 /// ```
 /// use std::time::Duration;
@@ -267,8 +269,8 @@ impl MemoryBackend {
         self
     }
 
-    /// Drops every expired key now and gives their memory back (the tables
-    /// shrink). Expired keys are also dropped as new keys arrive; this is for
+    /// Drops every expired key now (but pinned ones) and gives their memory
+    /// back (the tables shrink). Expired keys are also dropped as new keys arrive; this is for
     /// a periodic task after a burst of keys that will not come back.
     pub fn sweep(&self) {
         let now = self.inner.clock.now_micros();
