@@ -269,7 +269,7 @@ impl MemoryBackend {
         self
     }
 
-    /// Drops every expired key now (but pinned ones) and gives their memory
+    /// Drops every expired key now (except pinned ones) and gives their memory
     /// back (the tables shrink). Expired keys are also dropped as new keys arrive; this is for
     /// a periodic task after a burst of keys that will not come back.
     pub fn sweep(&self) {
