@@ -1172,9 +1172,10 @@ where
                     subject
                 }
             };
+            let global = matches!(config.by, By::Global);
             let joined;
-            let key = if subject.is_empty() {
-                // A global budget: the key as it is.
+            let key = if global {
+                // The key as it is.
                 config.key.as_str()
             } else {
                 joined = format!("{}{subject}", config.key);
@@ -1184,7 +1185,7 @@ where
             let (rule, shadow) =
                 crate::overrides::effective(config.name, &config.rule, limiter.is_shadow())
                     .unwrap_or((config.rule, limiter.is_shadow()));
-            let pin = matches!(config.by, By::Global).then_some(&worker.pinned);
+            let pin = global.then_some(&worker.pinned);
             let permit = match limiter
                 .acquire_pinned_with(&rule, key, config.cost, on_error, pin)
                 .await
