@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use common::{KEYS, governor, keys, ours, ours_for, rule};
 use ratelimit_runtime::{Algorithm, RateLimited, RateLimiter, Rule, rate_limit};
+use ratelimit_workspace::ready;
 
 /// Runs `checks` checks on `threads` threads at once (each its own half of
 /// the keys on two), `check(key)` each (a `&String`, as governor's keys are); the wall time.
@@ -135,16 +136,6 @@ async fn fixed_key() -> Result<(), RateLimited> {
 /// The same rule, checked by hand.
 static TURNS_RULE: Rule = Rule::fixed_window(1_000_000_000, Duration::from_secs(1));
 
-/// A future's answer, which a check in process memory has at once.
-fn at_once<F: std::future::Future>(future: F) -> F::Output {
-    let mut future = std::pin::pin!(future);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match future.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(output) => output,
-        std::task::Poll::Pending => panic!("a check in process memory answers at once"),
-    }
-}
-
 /// Two threads taking `turns` turns, each running `work` in its turn; ns
 /// per turn.
 fn turns(turns: u64, work: &(impl Fn() + Sync)) -> f64 {
@@ -177,11 +168,9 @@ fn turns_main(rounds: usize) {
     let global = RateLimiter::global();
     let kinds: [(&str, &(dyn Fn() + Sync)); 3] = [
         ("alone", &|| {}),
-        ("fixed_key", &|| {
-            at_once(fixed_key()).expect("never refused")
-        }),
+        ("fixed_key", &|| ready(fixed_key()).expect("never refused")),
         ("one_key_by_hand", &|| {
-            let decision = at_once(global.check(&TURNS_RULE, "limiter:threads-turns-by-hand"));
+            let decision = ready(global.check(&TURNS_RULE, "limiter:threads-turns-by-hand"));
             assert!(decision.expect("in memory").allowed);
         }),
     ];

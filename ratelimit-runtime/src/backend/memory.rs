@@ -345,11 +345,9 @@ impl MemoryBackend {
 
     /// [`check_now`](MemoryBackend::check_now) of a key this store pinned.
     pub(crate) fn check_pinned(&self, pinned: &Pinned, rule: &Rule, cost: u64) -> Decision {
-        let now = self.inner.clock.now_micros();
-        let outcome = pinned.lock().step(rule, now, |state, now| {
+        self.update_pinned(pinned, rule, |state, now| {
             algorithm::check(state, rule, now, cost)
-        });
-        outcome.decision(rule)
+        })
     }
 
     /// [`acquire_now`](MemoryBackend::acquire_now) of a key this store pinned.
@@ -360,11 +358,22 @@ impl MemoryBackend {
         cost: u64,
         id: u64,
     ) -> Decision {
-        let now = self.inner.clock.now_micros();
-        let outcome = pinned.lock().step(rule, now, |state, now| {
+        self.update_pinned(pinned, rule, |state, now| {
             algorithm::acquire(state, rule, now, cost, id)
-        });
-        outcome.decision(rule)
+        })
+    }
+
+    /// [`update`](MemoryBackend::update) of a key this store pinned: its own
+    /// lock, no shard.
+    #[inline]
+    fn update_pinned(
+        &self,
+        pinned: &Pinned,
+        rule: &Rule,
+        step: impl FnOnce(&mut Option<State>, u64) -> algorithm::Outcome,
+    ) -> Decision {
+        let now = self.inner.clock.now_micros();
+        pinned.lock().step(rule, now, step).decision(rule)
     }
 
     fn update(
