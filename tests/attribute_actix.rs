@@ -1,9 +1,9 @@
 //! `#[rate_limit]` on actix-web handlers, over real HTTP: a server on
 //! 127.0.0.1, clients from 127.0.0.1 and 127.0.0.2. The limiter is the
-//! in-memory default; every handler has its own key.
+//! in-memory default (one test gives its apps limiters of their own); every
+//! handler has its own key.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-
 use std::time::Duration;
 
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, Responder, get, post, web};
