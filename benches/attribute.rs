@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use ratelimit_runtime::{RateLimited, RateLimiter, Rule, rate_limit};
-use ratelimit_workspace::ready;
+use ratelimit_test_support::ready;
 
 /// A limit the benchmark never reaches (a billion calls a year).
 const RULE: Rule = Rule::fixed_window(1_000_000_000, Duration::from_secs(365 * 24 * 3600));

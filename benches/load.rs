@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use actix_extensible_rate_limit::backend::{Backend as _, SimpleInput};
 use ratelimit_runtime::{Algorithm, RateLimiter, Rule};
-use ratelimit_workspace::{RedisCluster, RedisServer};
+use ratelimit_test_support::{RedisCluster, RedisServer};
 
 const KEYS: usize = 1_000;
 

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use common::{KEYS, governor, keys, ours, ours_for, rule};
 use ratelimit_runtime::{Algorithm, RateLimited, RateLimiter, Rule, rate_limit};
-use ratelimit_workspace::ready;
+use ratelimit_test_support::ready;
 
 /// Runs `checks` checks on `threads` threads at once (each its own half of
 /// the keys on two), `check(key)` each (a `&String`, as governor's keys are); the wall time.

@@ -219,7 +219,7 @@ async fn main() -> std::io::Result<()> {
             "BENCH_ONLY={only:?}: expected one of {BENCH_ENDPOINTS:?}"
         )));
     }
-    let mut builder = RateLimiter::builder().http(http);
+    let mut builder = RateLimiter::builder();
     let backend = match std::env::var("REDIS_URL") {
         Ok(url) => {
             builder = builder.redis(url.as_str());
@@ -239,6 +239,7 @@ async fn main() -> std::io::Result<()> {
     HttpServer::new(move || {
         App::new()
             .app_data(limiter.clone())
+            .app_data(http.clone())
             .service(limit_test)
             .service(limit_test2)
             .service(limit_test3)

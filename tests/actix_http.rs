@@ -12,7 +12,7 @@ use ratelimit_runtime::{
     ClientHeader, HeaderStyle, HttpOptions, OnError, RateLimit, RateLimiter, Rule, UnknownClient,
     rate_limit,
 };
-use ratelimit_workspace::{HttpReply, RedisServer, http};
+use ratelimit_test_support::{HttpReply, RedisServer, http};
 
 const ONE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
 const TWO: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
@@ -31,9 +31,15 @@ async fn limit_test() -> impl Responder {
 
 /// Starts a server on 127.0.0.1 with `limiter` in its app data.
 fn serve(limiter: RateLimiter) -> SocketAddr {
+    serve_with(limiter, HttpOptions::new())
+}
+
+/// [`serve`] with these HTTP options as the app's data.
+fn serve_with(limiter: RateLimiter, options: HttpOptions) -> SocketAddr {
     let server = HttpServer::new(move || {
         App::new()
             .app_data(limiter.clone())
+            .app_data(options.clone())
             .service(limit_test3)
             .service(limit_test)
     })
@@ -171,7 +177,7 @@ async fn a_spoofed_forwarding_header_gets_no_new_budget() {
 
 #[actix_web::test]
 async fn behind_a_trusted_proxy_the_forwarded_client_counts() {
-    let addr = serve(behind_local_proxy().await);
+    let addr = serve_with(RateLimiter::in_memory(), behind_local_proxy());
     let via_proxy = |client: &'static str| async move {
         get_from(ONE, addr, "/limitTest3", &[("x-forwarded-for", client)])
             .await
@@ -234,8 +240,7 @@ async fn a_client_cannot_pick_its_address_with_a_header_its_proxy_does_not_write
             .client_header(header)
             .trust_proxies(["127.0.0.1"])
             .unwrap();
-        let limiter = RateLimiter::builder().http(options).build().await.unwrap();
-        let addr = serve(limiter);
+        let addr = serve_with(RateLimiter::in_memory(), options);
         for _ in 0..3 {
             assert_eq!(via_proxy(addr, None).await, 200);
         }
@@ -253,16 +258,10 @@ async fn a_client_cannot_pick_its_address_with_a_header_its_proxy_does_not_write
 
 #[actix_web::test]
 async fn legacy_headers_and_json_bodies_on_request() {
-    let limiter = RateLimiter::builder()
-        .http(
-            HttpOptions::new()
-                .headers(HeaderStyle::Legacy)
-                .json_body(true),
-        )
-        .build()
-        .await
-        .unwrap();
-    let addr = serve(limiter);
+    let options = HttpOptions::new()
+        .headers(HeaderStyle::Legacy)
+        .json_body(true);
+    let addr = serve_with(RateLimiter::in_memory(), options);
     let first = get_from(ONE, addr, "/limitTest", &[]).await;
     assert_eq!(first.header("x-ratelimit-limit"), Some("2"));
     assert_eq!(first.header("x-ratelimit-remaining"), Some("1"));
@@ -320,12 +319,14 @@ async fn a_request_without_a_client_address_is_refused_unless_shared() {
     .await;
     assert_eq!(reply.status(), 400);
 
-    let shared = RateLimiter::builder()
-        .http(HttpOptions::new().unknown_client(UnknownClient::Shared))
-        .build()
-        .await
-        .unwrap();
-    let app = test::init_service(App::new().app_data(shared).service(limit_test3)).await;
+    let shared = HttpOptions::new().unknown_client(UnknownClient::Shared);
+    let app = test::init_service(
+        App::new()
+            .app_data(RateLimiter::in_memory())
+            .app_data(shared)
+            .service(limit_test3),
+    )
+    .await;
     for expected in [200, 200, 200, 429] {
         let reply = test::call_service(
             &app,
@@ -341,11 +342,13 @@ const API: Rule = Rule::fixed_window(2, Duration::from_secs(10));
 /// A server with the middleware on three scopes, each with allow-lists: a
 /// path (by segments), IPv4 and IPv6 clients, two API keys (one too long to
 /// be kept in the key as it is), a closure key holding a colon.
-fn serve_with_middleware(limiter: RateLimiter) -> SocketAddr {
+fn serve_with_middleware(options: HttpOptions) -> SocketAddr {
     let long_key: &'static str = Box::leak("k".repeat(100).into_boxed_str());
+    let limiter = RateLimiter::in_memory();
     let server = HttpServer::new(move || {
         App::new()
             .app_data(limiter.clone())
+            .app_data(options.clone())
             .service(
                 web::scope("/ip")
                     .wrap(
@@ -398,17 +401,13 @@ fn serve_with_middleware(limiter: RateLimiter) -> SocketAddr {
 
 /// A limiter that takes 127.0.0.1 for a proxy (so `X-Forwarded-For` names
 /// the client of a request from it).
-async fn behind_local_proxy() -> RateLimiter {
-    RateLimiter::builder()
-        .http(HttpOptions::new().trust_proxies(["127.0.0.1"]).unwrap())
-        .build()
-        .await
-        .unwrap()
+fn behind_local_proxy() -> HttpOptions {
+    HttpOptions::new().trust_proxies(["127.0.0.1"]).unwrap()
 }
 
 #[actix_web::test]
 async fn middleware_limits_scopes_by_ip_header_or_closure_with_allow_lists() {
-    let addr = serve_with_middleware(behind_local_proxy().await);
+    let addr = serve_with_middleware(behind_local_proxy());
     let statuses = |path: &'static str,
                     from: IpAddr,
                     headers: &'static [(&'static str, &'static str)],
@@ -465,7 +464,7 @@ async fn middleware_limits_scopes_by_ip_header_or_closure_with_allow_lists() {
 /// segments. Everything next to them is limited as before.
 #[actix_web::test]
 async fn middleware_allow_lists_match_whole_subjects_and_path_segments() {
-    let addr = serve_with_middleware(behind_local_proxy().await);
+    let addr = serve_with_middleware(behind_local_proxy());
     let statuses = |path: String, headers: Vec<(&'static str, String)>, n: usize| async move {
         let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let mut out = Vec::new();

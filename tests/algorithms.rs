@@ -21,7 +21,7 @@ use common::{
 };
 use ratelimit_runtime::backend::memory::MemoryBackend;
 use ratelimit_runtime::{Algorithm, ManualClock, RateLimiter, Rule};
-use ratelimit_workspace::RedisServer;
+use ratelimit_test_support::RedisServer;
 
 /// One module of equivalence tests: each algorithm's timelines through the
 /// Redis backend that `$backend` makes, against the memory backend.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, Responder, get, post, web};
 use ratelimit_runtime::{RateLimited, RateLimiter, Rule, rate_limit};
-use ratelimit_workspace::{HttpReply, http};
+use ratelimit_test_support::{HttpReply, http};
 
 const ONE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
 const TWO: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use ratelimit_runtime::{ManualClock, RateLimited, RateLimiter, Rule, rate_limit};
-use ratelimit_workspace::RedisServer;
+use ratelimit_test_support::RedisServer;
 use tokio::sync::oneshot;
 
 #[rate_limit(key = "stack-a", count = 2, period = 60)]

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use ratelimit_runtime::{RateLimited, RateLimiter, rate_limit};
-use ratelimit_workspace::RedisServer;
+use ratelimit_test_support::RedisServer;
 
 #[rate_limit(key = "k", count = 3, period = 1)]
 async fn f() -> Result<u32, RateLimited> {

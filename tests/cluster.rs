@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::{Subject, count_pass_then_refused_then_budget_returns, same_decisions};
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Algorithm, Backend, OnError, RateLimiter, Rule};
-use ratelimit_workspace::RedisCluster;
+use ratelimit_test_support::RedisCluster;
 
 async fn cluster_backend(cluster: &RedisCluster) -> RedisBackend {
     let options = ConnectOptions {

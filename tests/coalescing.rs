@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{RateLimiter, Rule};
-use ratelimit_workspace::RedisServer;
+use ratelimit_test_support::RedisServer;
 
 const RULES: [Rule; 5] = [
     Rule::fixed_window(30, Duration::from_secs(60)),

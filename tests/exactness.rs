@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ratelimit_runtime::{Algorithm, RateLimiter, Rule};
-use ratelimit_workspace::RedisServer;
+use ratelimit_test_support::RedisServer;
 
 const WORKER_ENV: &str = "RATELIMIT_EXACTNESS_WORKER";
 const TASKS: u64 = 100;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratelimit_runtime::{Error, ManualClock, RateLimiter, Rule};
-use ratelimit_workspace::RedisServer;
+use ratelimit_test_support::RedisServer;
 
 enum Time {
     Manual(ManualClock),
@@ -288,7 +288,7 @@ mod redis_only {
 
     #[tokio::test]
     async fn build_fails_clearly_when_redis_is_unreachable() {
-        let port = ratelimit_workspace::free_port();
+        let port = ratelimit_test_support::free_port();
         let started = std::time::Instant::now();
         let result = RateLimiter::builder()
             .redis(format!("redis://127.0.0.1:{port}/"))

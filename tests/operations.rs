@@ -8,7 +8,7 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use ratelimit_runtime::overrides::{self, RuleOverride};
 use ratelimit_runtime::{Error, RateLimit, RateLimited, RateLimiter, Rule, rate_limit};
-use ratelimit_workspace::{RedisServer, http};
+use ratelimit_test_support::{RedisServer, http};
 
 /// One recorder for this test binary (the facade's recorder is global).
 static SNAPSHOTTER: LazyLock<Snapshotter> = LazyLock::new(|| {
@@ -499,9 +499,35 @@ fn serve_behind(limit: RateLimit, limiter: RateLimiter, workers: usize) -> std::
     addr
 }
 
-/// A middleware's global budget keeps its key's state apart (pinned) in
-/// the first store each worker meets: each app's limiter still has a budget
-/// of its own, shared with checks by hand of the key.
+/// The middleware decides through the same pipeline as the attribute: its
+/// requests are counted per rule and outcome, over real HTTP.
+#[actix_web::test]
+async fn middleware_decisions_are_counted_like_the_attributes() {
+    LazyLock::force(&SNAPSHOTTER);
+    let rule = Rule::fixed_window(2, Duration::from_secs(60));
+    let limit = RateLimit::new(rule).key("ops-mw-metrics");
+    let addr = serve_behind(limit, RateLimiter::in_memory(), 1);
+    let one = std::net::IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let statuses: Vec<u16> = futures_statuses(addr, one, 3).await;
+    assert_eq!(statuses, [200, 200, 429]);
+    assert_eq!(count("ops-mw-metrics", "allowed"), 2);
+    assert_eq!(count("ops-mw-metrics", "limited"), 1);
+}
+
+async fn futures_statuses(
+    addr: std::net::SocketAddr,
+    from: std::net::IpAddr,
+    n: usize,
+) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for _ in 0..n {
+        statuses.push(http(from, addr, "GET", "/", &[]).await.unwrap().status);
+    }
+    statuses
+}
+
+/// A middleware's global budget is its app limiter's: each app's limiter
+/// has a budget of its own, shared with checks by hand of the key.
 #[actix_web::test]
 async fn a_middleware_global_budget_is_one_per_store_shared_with_checks_by_hand() {
     let rule = Rule::fixed_window(2, Duration::from_secs(60));

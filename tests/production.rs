@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Backend, Error, OnError, RateLimiter, Rule};
-use ratelimit_workspace::RedisServer;
+use ratelimit_test_support::RedisServer;
 
 mod common;
 

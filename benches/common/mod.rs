@@ -9,7 +9,7 @@ use std::time::Duration;
 use governor::{DefaultKeyedRateLimiter, Quota};
 use ratelimit_runtime::backend::memory::MemoryBackend;
 use ratelimit_runtime::{Algorithm, RateLimiter, Rule};
-use ratelimit_workspace::ready;
+use ratelimit_test_support::ready;
 
 /// How many keys the many-key rows visit.
 pub(crate) const KEYS: usize = 100_000;

@@ -90,7 +90,7 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         let reject = reject(rule, &config, &func, &forwarded, &rt);
         let passed = if config.responder {
             quote! {{
-                __ratelimit_seen[#i] = #rt::actix::report(&#site, &__ratelimit_permit);
+                __ratelimit_seen[#i] = #rt::Option::Some(*__ratelimit_permit.report());
                 __ratelimit_permit
             }}
         } else {
@@ -136,21 +136,13 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         };
         quote!({
             #reply_req
-            // The app's limiter (or the global one), looked up once.
-            let __ratelimit_app = #rt::actix::limiter_for(__ratelimit_reply_req);
             let mut __ratelimit_seen: [#rt::Option<#rt::actix::Report>; #n] = [#rt::Option::None; #n];
             #(#checks)*
             let __ratelimit_out #typed = async move #body.await;
-            #rt::actix::allowed(__ratelimit_out, &__ratelimit_seen, __ratelimit_reply_req, __ratelimit_app)
+            #rt::actix::allowed(__ratelimit_out, &__ratelimit_seen, __ratelimit_reply_req)
         })
     } else {
-        // A handler that reports a refusal through its return type still
-        // checks under the request's limiter.
-        let app = request
-            .as_ref()
-            .map(|req| quote!(let __ratelimit_app = #rt::actix::limiter_for(&#req);));
         quote!({
-            #app
             #(#checks)*
             #body
         })
@@ -186,19 +178,15 @@ fn check_call(
     request: Option<&Ident>,
 ) -> TokenStream {
     let key = key_expr(rule, rt);
-    // Every call checks the same key: the runtime may keep its state apart.
-    let fixed = !is_dynamic(rule) && matches!(rule.subject, Subject::Global);
     match request {
         Some(req) => {
             let by = match &rule.subject {
-                Subject::Global if fixed => quote!(#rt::actix::By::GlobalFixed),
                 Subject::Global => quote!(#rt::actix::By::Global),
                 Subject::Ip => quote!(#rt::actix::By::Ip),
                 Subject::Header(name) => quote!(#rt::actix::By::Header(#name)),
             };
-            quote!(#rt::actix::check(&#site, #key, #by, &#req, __ratelimit_app))
+            quote!(#rt::actix::check(&#site, #key, #by, &#req))
         }
-        None if fixed => quote!(#rt::check_fixed(&#site, #key)),
         None => quote!(#rt::check(&#site, #key)),
     }
 }
@@ -259,7 +247,7 @@ fn reject(
         }
         None if config.responder => {
             return quote! {
-                return #rt::actix::refused(__ratelimit_limited, &__ratelimit_seen, __ratelimit_app)
+                return #rt::actix::refused(__ratelimit_limited, &__ratelimit_seen, __ratelimit_reply_req)
             };
         }
         None => {
@@ -284,7 +272,7 @@ fn reject(
     };
     if config.responder {
         quote! {
-            return #rt::actix::demoted(#value, &__ratelimit_limited, &__ratelimit_seen, __ratelimit_reply_req, __ratelimit_app)
+            return #rt::actix::demoted(#value, &__ratelimit_limited, &__ratelimit_seen, __ratelimit_reply_req)
         }
     } else {
         quote!(return #value)
@@ -330,43 +318,6 @@ mod tests {
             "no allocation for a static key: {out}"
         );
         assert!(out.contains("static __RATELIMIT_SITE_0"), "{out}");
-        assert!(
-            out.contains("check_fixed"),
-            "a fixed key is checked as one: {out}"
-        );
-    }
-
-    #[test]
-    fn only_a_key_the_same_at_every_call_is_checked_as_fixed() {
-        let plain = |args: proc_macro2::TokenStream| {
-            expand(
-                args,
-                quote!(
-                    async fn f(id: u32) -> Result<(), E> {
-                        Ok(())
-                    }
-                ),
-            )
-        };
-        assert!(!plain(quote!(key = "k:{id}", count = 3)).contains("check_fixed"));
-        assert!(!plain(quote!(key = "k", count = 3, by = arg(id))).contains("check_fixed"));
-        let handler = |args: proc_macro2::TokenStream| {
-            expand(
-                args,
-                quote!(
-                    #[actix_web::get("/")]
-                    async fn h() -> impl Responder {
-                        "x"
-                    }
-                ),
-            )
-        };
-        assert!(handler(quote!(key = "k", count = 3)).contains("By :: GlobalFixed"));
-        let by_ip = handler(quote!(key = "k", count = 3, by = ip));
-        assert!(
-            !by_ip.contains("GlobalFixed") && by_ip.contains("By :: Ip"),
-            "{by_ip}"
-        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{
     Algorithm, Backend, Decision, ManualClock, RateLimiter, RateLimiterBuilder, Rule,
 };
-use ratelimit_workspace::{RedisCluster, RedisServer};
+use ratelimit_test_support::{RedisCluster, RedisServer};
 
 /// 2023-11-14 in µs since the Unix epoch: sixteen digits, as Redis' TIME.
 pub const EPOCH_US: u64 = 1_700_000_000_000_000;

@@ -2,7 +2,7 @@
 //! while Redis is unavailable.
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hashbrown::HashTable;
@@ -24,10 +24,8 @@ const MIN_SWEEP_LEN: usize = 1024;
 /// Budgets kept in process memory, sharded by key.
 ///
 /// Cheap to clone (clones share the store). Expired keys are reclaimed as new
-/// keys arrive; nothing needs to be called for that. The fixed key of a
-/// `#[rate_limit]` call site (or a `RateLimit` middleware's global key) is
-/// pinned: kept on a cache line of its own and never reclaimed, one per
-/// call site. Time is the given [`Clock`]'s, in whole microseconds.
+/// keys arrive; nothing needs to be called for that. Time is the given
+/// [`Clock`]'s, in whole microseconds.
 ///
 /// ```
 /// use std::time::Duration;
@@ -57,8 +55,6 @@ struct Inner {
     /// predictable (flooding one bucket).
     hasher: Hasher,
     clock: StoreClock,
-    /// This store's number ([`STORES`]).
-    id: u64,
 }
 
 /// The store's clock. The system clock, the default, is read directly (a
@@ -145,36 +141,12 @@ impl ShardMap {
     }
 }
 
-/// One key: 72 bytes. Its hash is not kept (the index tags each slot with 7
-/// bits of it; growing or rebuilding the index hashes the keys again): with
-/// many keys a check's one likely cache miss is its entry, and smaller
-/// entries keep more of them in the CPU's caches (80 bytes with the hash
-/// cost about 15 % more time per check over 100k keys).
+/// One key and its state. Its hash is not kept (the index tags each slot
+/// with 7 bits of it; growing or rebuilding the index hashes the keys again).
 #[derive(Debug)]
 struct Entry {
     key: StoredKey,
-    held: Held,
-}
-
-const _: () = assert!(std::mem::size_of::<Entry>() == 72);
-
-/// Where a key's state is.
-#[derive(Debug)]
-enum Held {
-    /// In the entry, under its shard's lock.
-    Here(Slot),
-    /// On a cache line of its own, with a lock of its own ([`Pinned`]).
-    Pinned(Arc<Pinned>),
-}
-
-impl Held {
-    /// When the key may be dropped, in µs of the clock: never, pinned.
-    fn expires_at(&self) -> u64 {
-        match self {
-            Held::Here(slot) => slot.expires_at,
-            Held::Pinned(_) => u64::MAX,
-        }
-    }
+    slot: Slot,
 }
 
 #[derive(Debug, Default)]
@@ -201,31 +173,6 @@ impl Slot {
     }
 }
 
-/// A key's state kept out of its shard: its lock and the state share one
-/// cache line, and a holder of the `Arc` reaches it without the shard. For
-/// a key that every thread checks (a call site's fixed key, such as a
-/// global limit), a check then moves one cache line between the cores that
-/// take turns on it, where the shard's lock and the key's entry were two or
-/// three. Its key stays in the shard (so every other caller of the key
-/// shares the state) and is never dropped.
-#[derive(Debug, Default)]
-#[repr(align(64))]
-pub(crate) struct Pinned {
-    slot: Mutex<Slot>,
-}
-
-const _: () = assert!(std::mem::size_of::<Pinned>() == 64);
-
-impl Pinned {
-    fn lock(&self) -> MutexGuard<'_, Slot> {
-        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// Gives each store a number of its own, so a pinned key found through one
-/// store is never used with another.
-static STORES: AtomicU64 = AtomicU64::new(0);
-
 impl MemoryBackend {
     /// A store on the system's monotonic clock.
     pub fn new() -> MemoryBackend {
@@ -249,7 +196,6 @@ impl MemoryBackend {
                 capped: AtomicBool::new(false),
                 hasher: foldhash::fast::RandomState::default(),
                 clock,
-                id: STORES.fetch_add(1, Ordering::Relaxed),
             }),
         }
     }
@@ -269,7 +215,7 @@ impl MemoryBackend {
         self
     }
 
-    /// Drops every expired key now (except pinned ones) and gives their memory
+    /// Drops every expired key now and gives their memory
     /// back (the tables shrink). Expired keys are also dropped as new keys arrive; this is for
     /// a periodic task after a burst of keys that will not come back.
     pub fn sweep(&self) {
@@ -301,79 +247,8 @@ impl MemoryBackend {
     pub(crate) fn release_now(&self, key: &str, id: u64) {
         let hash = key_hash(&self.inner.hasher, key.as_bytes());
         if let Some(entry) = self.shard(hash).find_mut(hash, key) {
-            match &mut entry.held {
-                Held::Here(slot) => algorithm::release(&mut slot.state, id),
-                Held::Pinned(pinned) => algorithm::release(&mut pinned.lock().state, id),
-            }
+            algorithm::release(&mut entry.slot.state, id);
         }
-    }
-
-    /// This store's number: the same for its clones, another for any other
-    /// store.
-    pub(crate) fn id(&self) -> u64 {
-        self.inner.id
-    }
-
-    /// Keeps `key`'s state on a cache line of its own from now on (see
-    /// [`Pinned`]), with what the key holds so far, and gives the caller
-    /// direct access to it: for a caller that checks this one key again and
-    /// again. `None` when the store is at its cap of keys.
-    pub(crate) fn pin(&self, key: &str) -> Option<Arc<Pinned>> {
-        let now = self.inner.clock.now_micros();
-        let hash = key_hash(&self.inner.hasher, key.as_bytes());
-        let mut shard = self.shard(hash);
-        if let Some(entry) = shard.find_mut(hash, key) {
-            let pinned = match &mut entry.held {
-                Held::Pinned(pinned) => Arc::clone(pinned),
-                Held::Here(slot) => {
-                    let pinned = Arc::new(Pinned {
-                        slot: Mutex::new(std::mem::take(slot)),
-                    });
-                    entry.held = Held::Pinned(Arc::clone(&pinned));
-                    pinned
-                }
-            };
-            return Some(pinned);
-        }
-        let pinned = Arc::new(Pinned::default());
-        let entry = Entry {
-            key: StoredKey::new(key),
-            held: Held::Pinned(Arc::clone(&pinned)),
-        };
-        insert(&mut shard, hash, entry, now, &self.inner).then_some(pinned)
-    }
-
-    /// [`check_now`](MemoryBackend::check_now) of a key this store pinned.
-    pub(crate) fn check_pinned(&self, pinned: &Pinned, rule: &Rule, cost: u64) -> Decision {
-        self.update_pinned(pinned, rule, |state, now| {
-            algorithm::check(state, rule, now, cost)
-        })
-    }
-
-    /// [`acquire_now`](MemoryBackend::acquire_now) of a key this store pinned.
-    pub(crate) fn acquire_pinned(
-        &self,
-        pinned: &Pinned,
-        rule: &Rule,
-        cost: u64,
-        id: u64,
-    ) -> Decision {
-        self.update_pinned(pinned, rule, |state, now| {
-            algorithm::acquire(state, rule, now, cost, id)
-        })
-    }
-
-    /// [`update`](MemoryBackend::update) of a key this store pinned: its own
-    /// lock, no shard.
-    #[inline]
-    fn update_pinned(
-        &self,
-        pinned: &Pinned,
-        rule: &Rule,
-        step: impl FnOnce(&mut Option<State>, u64) -> algorithm::Outcome,
-    ) -> Decision {
-        let now = self.inner.clock.now_micros();
-        pinned.lock().step(rule, now, step).decision(rule)
     }
 
     fn update(
@@ -386,11 +261,7 @@ impl MemoryBackend {
         let hash = key_hash(&self.inner.hasher, key.as_bytes());
         let mut shard = self.shard(hash);
         let outcome = match shard.find_mut(hash, key) {
-            Some(Entry { held, .. }) => match held {
-                Held::Here(slot) => slot.step(rule, now, step),
-                // Locked after the shard: a pinned check takes this lock alone.
-                Held::Pinned(pinned) => pinned.lock().step(rule, now, step),
-            },
+            Some(entry) => entry.slot.step(rule, now, step),
             None => {
                 let mut state = None;
                 let outcome = step(&mut state, now);
@@ -398,10 +269,10 @@ impl MemoryBackend {
                     let expires_at = state.expires_at(rule);
                     let entry = Entry {
                         key: StoredKey::new(key),
-                        held: Held::Here(Slot {
+                        slot: Slot {
                             state: Some(state),
                             expires_at,
-                        }),
+                        },
                     };
                     if !insert(&mut shard, hash, entry, now, &self.inner)
                         && !self.inner.capped.swap(true, Ordering::Relaxed)
@@ -499,7 +370,7 @@ fn sweep(shard: &mut ShardMap, now: u64, hasher: &Hasher) {
         entries,
         sweep_at,
     } = shard;
-    entries.retain(|e| e.held.expires_at() > now);
+    entries.retain(|e| e.slot.expires_at > now);
     *sweep_at = (entries.len() * 2).max(MIN_SWEEP_LEN);
     // Room for the keys that arrive before the next sweep stays; more than
     // twice that is given back. (Shrinking to the survivors alone made a
@@ -556,79 +427,6 @@ mod tests {
         let d = store.check_now(&r, "k", 1);
         assert!(d.allowed, "a new window opens exactly at the period's end");
         assert_eq!(d.remaining, 2);
-    }
-
-    #[test]
-    fn a_pinned_key_shares_its_state_with_every_caller_and_is_never_dropped() {
-        let clock = ManualClock::new();
-        let store = MemoryBackend::with_clock(clock.clone());
-        let r = rule(3, 1000);
-        assert_eq!(
-            store.check_now(&r, "k", 1).remaining,
-            2,
-            "before it is pinned"
-        );
-        let pinned = store.pin("k").unwrap();
-        assert_eq!(
-            store.check_pinned(&pinned, &r, 1).remaining,
-            1,
-            "the state it had"
-        );
-        assert_eq!(
-            store.check_now(&r, "k", 1).remaining,
-            0,
-            "the same state by key"
-        );
-        assert!(!store.check_pinned(&pinned, &r, 1).allowed);
-        assert!(!store.check_now(&r, "k", 1).allowed);
-        assert!(
-            Arc::ptr_eq(&store.pin("k").unwrap(), &pinned),
-            "pinned once"
-        );
-        // Long expired, and swept: the key stays, and its budget is back.
-        clock.advance(Duration::from_secs(5));
-        store.sweep();
-        assert_eq!(store.len(), 1);
-        assert_eq!(store.check_pinned(&pinned, &r, 1).remaining, 2);
-        assert_eq!(store.check_now(&r, "k", 1).remaining, 1);
-        // A key pinned before its first call starts empty.
-        let fresh = store.pin("new").unwrap();
-        assert_eq!(store.check_now(&r, "new", 1).remaining, 2);
-        assert_eq!(store.check_pinned(&fresh, &r, 1).remaining, 1);
-        assert_ne!(
-            store.id(),
-            MemoryBackend::new().id(),
-            "each store its own number"
-        );
-        assert_eq!(store.id(), store.clone().id());
-    }
-
-    #[test]
-    fn a_lease_on_a_pinned_key_is_given_back_by_key() {
-        let store = MemoryBackend::with_clock(ManualClock::new());
-        let r = Rule::concurrency(1, Duration::from_secs(60));
-        let pinned = store.pin("c").unwrap();
-        assert!(store.acquire_pinned(&pinned, &r, 1, 7).allowed);
-        assert!(
-            !store.acquire_now(&r, "c", 1, 8).allowed,
-            "one holder at a time"
-        );
-        store.release_now("c", 7);
-        assert!(store.acquire_pinned(&pinned, &r, 1, 9).allowed);
-    }
-
-    #[test]
-    fn a_store_at_its_cap_pins_nothing_new_and_still_answers() {
-        // One key a shard: of 65 keys, at least one finds its shard full.
-        let store = MemoryBackend::with_clock(ManualClock::new()).with_max_keys(SHARDS);
-        let r = rule(1, 1000);
-        let pinned: Vec<_> = (0..=SHARDS).map(|i| store.pin(&format!("k{i}"))).collect();
-        let refused = pinned
-            .iter()
-            .position(Option::is_none)
-            .expect("a full shard");
-        assert!(store.check_now(&r, &format!("k{refused}"), 1).allowed);
-        assert!(store.len() <= SHARDS);
     }
 
     #[test]

@@ -1,0 +1,192 @@
+//! actix-web (feature `actix`): `#[rate_limit]` on handlers, the
+//! [`RateLimit`] middleware, and refusals as responses. A thin layer over
+//! [`pipeline`](crate::pipeline) (the decision) and [`http`](crate::http)
+//! (client identity, header fields).
+//!
+//! Per app, through its data:
+//! - the limiter: `App::app_data(limiter)` or `web::Data<RateLimiter>`, else
+//!   the global one;
+//! - the [`HttpOptions`]: `App::app_data(options)` or `web::Data<HttpOptions>`,
+//!   else the defaults (no trusted proxy, draft headers).
+
+mod middleware;
+
+use actix_web::body::BoxBody;
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, Responder, ResponseError, web};
+
+pub use middleware::{RateLimit, RateLimitService};
+
+use crate::http::{HttpOptions, Refusal, header_subject};
+use crate::pipeline::{self, Pass, Report, Site};
+use crate::{Cause, RateLimited, RateLimiter};
+
+/// The limiter for this request: the app's (`app_data`) if it has one, else
+/// the global one.
+pub fn limiter_for(req: &HttpRequest) -> &RateLimiter {
+    req.app_data::<RateLimiter>()
+        .or_else(|| req.app_data::<web::Data<RateLimiter>>().map(|d| &***d))
+        .unwrap_or_else(|| RateLimiter::global())
+}
+
+/// The HTTP options for this request: the app's (`app_data`) if it has
+/// them, else the defaults.
+pub fn options_for(req: &HttpRequest) -> &HttpOptions {
+    static DEFAULT: std::sync::OnceLock<HttpOptions> = std::sync::OnceLock::new();
+    req.app_data::<HttpOptions>()
+        .or_else(|| req.app_data::<web::Data<HttpOptions>>().map(|d| &***d))
+        .unwrap_or_else(|| DEFAULT.get_or_init(HttpOptions::default))
+}
+
+/// The client's address as `options` tell it, from the TCP peer and the
+/// forwarding headers.
+pub fn client_ip(options: &HttpOptions, req: &HttpRequest) -> Option<std::net::IpAddr> {
+    options.client_ip(req.peer_addr().map(|a| a.ip()), req.headers())
+}
+
+impl crate::http::Headers for actix_web::http::header::HeaderMap {
+    fn values<'a>(&'a self, name: &'static str) -> impl Iterator<Item = &'a [u8]> {
+        self.get_all(name).map(|value| value.as_bytes())
+    }
+}
+
+/// Whose budget a handler's rule charges.
+#[derive(Clone, Copy, Debug)]
+pub enum By {
+    /// Everyone's.
+    Global,
+    /// The client address's.
+    Ip,
+    /// The value of this request header.
+    Header(&'static str),
+}
+
+/// Checks one call of a handler under `site`: the key is `base` plus the
+/// subject `by` names; the limiter is the site's named one, else the app's
+/// ([`limiter_for`]).
+pub async fn check(
+    site: &Site,
+    base: &str,
+    by: By,
+    req: &HttpRequest,
+) -> Result<Pass, RateLimited> {
+    let limiter = match site.limiter_name() {
+        Some(_) => site.limiter(),
+        None => Some(limiter_for(req)),
+    };
+    let key = match by {
+        By::Global => return pipeline::check_on(site, limiter, base).await,
+        By::Ip => {
+            let options = options_for(req);
+            match options.ip_subject(client_ip(options, req)) {
+                Ok(subject) => [base, &subject].concat(),
+                Err(()) => return Err(site.unknown_client()),
+            }
+        }
+        By::Header(name) => {
+            let value = req.headers().get(name).map(|v| v.as_bytes());
+            [base, &header_subject(name, value)].concat()
+        }
+    };
+    pipeline::check_on(site, limiter, &key).await
+}
+
+/// Turns any responder into a response.
+pub fn respond<R: Responder>(value: R, req: &HttpRequest) -> HttpResponse {
+    value.respond_to(req).map_into_boxed_body()
+}
+
+/// A handler's own response with the rate-limit fields of the rules its
+/// call passed.
+pub fn allowed<R: Responder>(value: R, seen: &[Option<Report>], req: &HttpRequest) -> HttpResponse {
+    let mut response = respond(value, req);
+    let fields = crate::http::rate_limit_headers(options_for(req).headers, seen.iter().flatten());
+    append(&mut response, fields);
+    response
+}
+
+/// A refusal from `#[rate_limit]` on a handler, with the fields of every
+/// rule the call went through.
+pub fn refused(limited: RateLimited, seen: &[Option<Report>], req: &HttpRequest) -> HttpResponse {
+    let passed: Vec<Report> = seen.iter().flatten().copied().collect();
+    response(crate::http::refusal(&limited, &passed, options_for(req)))
+}
+
+/// A fallback's response to a refusal, with every rule's fields (the
+/// refusing one's included).
+pub fn demoted<R: Responder>(
+    value: R,
+    limited: &RateLimited,
+    seen: &[Option<Report>],
+    req: &HttpRequest,
+) -> HttpResponse {
+    let mut response = respond(value, req);
+    let refusing = Report::from_refusal(limited);
+    let reports = seen.iter().flatten().chain(std::iter::once(&refusing));
+    append(
+        &mut response,
+        crate::http::rate_limit_headers(options_for(req).headers, reports),
+    );
+    response
+}
+
+/// A framework-agnostic refusal as an actix-web response.
+pub(crate) fn response(refusal: Refusal) -> HttpResponse {
+    let status =
+        StatusCode::from_u16(refusal.status.as_u16()).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    let mut response = HttpResponse::build(status).body(refusal.body);
+    append(&mut response, refusal.headers);
+    response
+}
+
+/// Adds header fields of the `http` crate to an actix-web response.
+pub(crate) fn append<B>(
+    response: &mut HttpResponse<B>,
+    fields: Vec<(::http::HeaderName, ::http::HeaderValue)>,
+) {
+    use actix_web::http::header::{HeaderName, HeaderValue};
+    let headers = response.headers_mut();
+    for (name, value) in fields {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_str().as_bytes()),
+            HeaderValue::from_bytes(value.as_bytes()),
+        ) {
+            headers.append(name, value);
+        }
+    }
+}
+
+/// `429 Too Many Requests` (`503` for a backend failure under `deny`, `400`
+/// for an unknown client) with `Retry-After`, the draft rate-limit fields and
+/// a plain text body. So `actix_web::Error: From<RateLimited>`, and a handler
+/// returning `Result<_, actix_web::Error>` answers this when limited.
+impl ResponseError for RateLimited {
+    fn status_code(&self) -> StatusCode {
+        match self.cause {
+            Cause::OverLimit => StatusCode::TOO_MANY_REQUESTS,
+            Cause::BackendUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Cause::UnknownClient => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        response(crate::http::refusal(self, &[], &HttpOptions::default()))
+    }
+}
+
+/// A `RateLimited` returned from a handler is its refusal response.
+impl Responder for RateLimited {
+    type Body = BoxBody;
+
+    fn respond_to(self, req: &HttpRequest) -> HttpResponse<Self::Body> {
+        response(crate::http::refusal(&self, &[], options_for(req)))
+    }
+}
+
+/// An actix handler returning `HttpResponse` answers 429 (or 503).
+#[diagnostic::do_not_recommend]
+impl pipeline::Reject for HttpResponse {
+    fn reject(limited: RateLimited) -> Self {
+        ResponseError::error_response(&limited)
+    }
+}

@@ -1,0 +1,243 @@
+//! What limited responses carry: the IETF draft's `RateLimit-Policy` and
+//! `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers, as Structured
+//! Field lists), the widely deployed `X-RateLimit-*`, and for a refusal its
+//! status, `Retry-After` and body.
+
+use std::time::Duration;
+
+use ::http::header::{CONTENT_TYPE, RETRY_AFTER};
+use ::http::{HeaderName, HeaderValue, StatusCode};
+
+use super::{HeaderStyle, HttpOptions};
+use crate::pipeline::Report;
+use crate::{Cause, RateLimited};
+
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// The rate-limit header fields, in `style`, for the rules a call went
+/// through (none for no report).
+pub fn rate_limit_headers<'a>(
+    style: HeaderStyle,
+    reports: impl IntoIterator<Item = &'a Report> + Clone,
+) -> Vec<(HeaderName, HeaderValue)> {
+    let mut fields = Vec::new();
+    let Some(tightest) = reports
+        .clone()
+        .into_iter()
+        .min_by_key(|r| (r.remaining, std::cmp::Reverse(r.reset_after)))
+    else {
+        return fields;
+    };
+    if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
+        let policy = sf_list(reports.clone(), |r| [("q", r.limit), ("w", window(r))]);
+        let state = sf_list(reports, |r| {
+            [("r", r.remaining), ("t", secs_up(r.reset_after))]
+        });
+        if let (Ok(policy), Ok(state)) =
+            (HeaderValue::try_from(policy), HeaderValue::try_from(state))
+        {
+            fields.push((RATELIMIT_POLICY, policy));
+            fields.push((RATELIMIT, state));
+        }
+    }
+    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
+        // One set of numbers: the rule closest to refusing.
+        fields.push((X_LIMIT, tightest.limit.into()));
+        fields.push((X_REMAINING, tightest.remaining.into()));
+        fields.push((X_RESET, secs_up(tightest.reset_after).into()));
+    }
+    fields
+}
+
+/// A refusal as an HTTP response, for any framework to send.
+#[derive(Clone, Debug)]
+pub struct Refusal {
+    /// `429 Too Many Requests`; `503` when the backend failed under `deny`;
+    /// `400` when a per-client rule cannot tell who the client is.
+    pub status: StatusCode,
+    /// `Content-Type`, `Retry-After` and the rate-limit fields.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Plain text, or JSON ([`HttpOptions::json_body`]).
+    pub body: String,
+}
+
+/// The response for `limited`, with the rate-limit fields of `passed` (the
+/// rules the call went through before it) and of the refusing rule.
+pub fn refusal(limited: &RateLimited, passed: &[Report], options: &HttpOptions) -> Refusal {
+    let status = match limited.cause {
+        Cause::OverLimit => StatusCode::TOO_MANY_REQUESTS,
+        Cause::BackendUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Cause::UnknownClient => StatusCode::BAD_REQUEST,
+    };
+    let retry = limited.retry_after_secs();
+    let (code, text) = match limited.cause {
+        Cause::OverLimit => (
+            "too_many_requests",
+            format!("Too Many Requests: try again in {retry} s\n"),
+        ),
+        Cause::BackendUnavailable => (
+            "rate_limiter_unavailable",
+            "Service Unavailable: the rate limiter cannot decide; try again later\n".to_owned(),
+        ),
+        Cause::UnknownClient => (
+            "unknown_client",
+            "Bad Request: cannot tell who the client is\n".to_owned(),
+        ),
+    };
+    let mut headers = Vec::new();
+    let body = if options.json {
+        headers.push((CONTENT_TYPE, HeaderValue::from_static("application/json")));
+        format!(
+            "{{\"error\":\"{code}\",\"retry_after\":{retry},\"limit\":{},\"remaining\":{}}}",
+            limited.limit, limited.remaining
+        )
+    } else {
+        headers.push((
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        ));
+        text
+    };
+    if limited.cause != Cause::UnknownClient {
+        headers.push((RETRY_AFTER, HeaderValue::from(retry)));
+    }
+    let refusing = (limited.cause == Cause::OverLimit).then(|| Report::from_refusal(limited));
+    headers.extend(rate_limit_headers(
+        options.headers,
+        passed.iter().chain(refusing.as_ref()),
+    ));
+    Refusal {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A report's window in whole seconds, at least 1 (the draft's `w`).
+fn window(report: &Report) -> u64 {
+    secs_up(report.period).max(1)
+}
+
+fn secs_up(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// A Structured Field list: each report's name as a string with two integer
+/// parameters (`"api";q=100;w=60, ...`).
+fn sf_list<'a>(
+    reports: impl IntoIterator<Item = &'a Report>,
+    params: impl Fn(&Report) -> [(&'static str, u64); 2],
+) -> String {
+    let mut out = String::new();
+    for (i, report) in reports.into_iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        push_sf_string(&mut out, report.name);
+        for (name, value) in params(report) {
+            out.push(';');
+            out.push_str(name);
+            out.push('=');
+            out.push_str(&value.to_string());
+        }
+    }
+    out
+}
+
+/// A Structured Field string: `"` and `\` escaped, anything but printable
+/// ASCII replaced by `?`.
+fn push_sf_string(out: &mut String, name: &str) {
+    out.push('"');
+    for c in name.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(
+        name: &'static str,
+        limit: u64,
+        period: Duration,
+        remaining: u64,
+        reset: Duration,
+    ) -> Report {
+        Report {
+            name,
+            limit,
+            period,
+            remaining,
+            reset_after: reset,
+        }
+    }
+
+    #[test]
+    fn draft_headers_are_structured_field_lists() {
+        let reports = [
+            report(
+                "burst",
+                10,
+                Duration::from_millis(1500),
+                3,
+                Duration::from_millis(200),
+            ),
+            report(
+                "say \"hi\"",
+                1000,
+                Duration::from_secs(3600),
+                999,
+                Duration::from_secs(3599),
+            ),
+            report("naïve\\", u64::MAX, Duration::ZERO, 5, Duration::ZERO),
+        ];
+        let mut rendered: Vec<(String, String)> = rate_limit_headers(HeaderStyle::Both, &reports)
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        rendered.sort();
+        let mut expected = [
+            (
+                "ratelimit-policy",
+                r#""burst";q=10;w=2, "say \"hi\"";q=1000;w=3600, "na?ve\\";q=18446744073709551615;w=1"#,
+            ),
+            (
+                "ratelimit",
+                r#""burst";r=3;t=1, "say \"hi\"";r=999;t=3599, "na?ve\\";r=5;t=0"#,
+            ),
+            ("x-ratelimit-limit", "10"),
+            ("x-ratelimit-remaining", "3"),
+            ("x-ratelimit-reset", "1"),
+        ]
+        .map(|(n, v)| (n.to_owned(), v.to_owned()));
+        expected.sort();
+        assert_eq!(rendered, expected);
+    }
+
+    #[test]
+    fn no_report_no_field_and_style_none_sends_none() {
+        let one = [report(
+            "a",
+            1,
+            Duration::from_secs(1),
+            0,
+            Duration::from_secs(1),
+        )];
+        assert!(rate_limit_headers(HeaderStyle::Draft, &[]).is_empty());
+        assert!(rate_limit_headers(HeaderStyle::None, &one).is_empty());
+        assert_eq!(rate_limit_headers(HeaderStyle::Legacy, &one).len(), 3);
+    }
+}

@@ -1,0 +1,621 @@
+//! HTTP, for any framework: who the client is (the peer address, or behind
+//! trusted proxies the `Forwarded`, `X-Forwarded-For` or `X-Real-IP` hop
+//! they name; IPv6 grouped by prefix) and what limited responses carry (the
+//! `RateLimit`/`RateLimit-Policy` fields, legacy `X-RateLimit-*`,
+//! `Retry-After`). The framework adapters (`actix`) are thin layers over
+//! this module.
+
+mod headers;
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+pub use headers::{Refusal, rate_limit_headers, refusal};
+
+use crate::Error;
+
+/// A request's header fields, as the client identity reads them: each value
+/// of a field, in order. Implemented for the `http` crate's `HeaderMap` and
+/// for each framework's own.
+pub trait Headers {
+    /// The values of the field `name` (lowercase), in the order received.
+    fn values<'a>(&'a self, name: &'static str) -> impl Iterator<Item = &'a [u8]>;
+}
+
+impl Headers for ::http::HeaderMap {
+    fn values<'a>(&'a self, name: &'static str) -> impl Iterator<Item = &'a [u8]> {
+        self.get_all(name).iter().map(|value| value.as_bytes())
+    }
+}
+
+/// How an HTTP adapter deals with requests and responses: who the client is,
+/// and what limited responses carry. Give it to the adapter: as app data on
+/// actix-web (`App::app_data(options)`, read by `#[rate_limit]` handlers and
+/// the [`RateLimit`](crate::RateLimit) middleware).
+///
+/// ```
+/// use ratelimit_runtime::{HeaderStyle, HttpOptions};
+///
+/// let options = HttpOptions::new()
+///     .trust_proxies(["10.0.0.0/8", "192.168.1.1"])
+///     .unwrap()
+///     .ipv6_prefix(56)
+///     .headers(HeaderStyle::Both)
+///     .json_body(true);
+/// ```
+#[derive(Clone, Debug)]
+pub struct HttpOptions {
+    trusted: Vec<Cidr>,
+    ipv6_prefix: u8,
+    client_header: ClientHeader,
+    unknown_client: UnknownClient,
+    pub(crate) headers: HeaderStyle,
+    pub(crate) json: bool,
+}
+
+/// Which forwarding header names the client when the peer is a trusted
+/// proxy. A header the proxies do not write reaches the app as the client
+/// sent it; set the one they write, and the others are ignored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClientHeader {
+    /// Whichever of `Forwarded`, `X-Forwarded-For` and `X-Real-IP` the
+    /// request carries (the default). If those it carries name different
+    /// clients, the client cannot be told (see [`UnknownClient`]): a client
+    /// that adds a header its proxy does not write cannot pick its own
+    /// address. A header whose every hop is a trusted proxy names no client.
+    #[default]
+    Any,
+    /// `Forwarded` (RFC 7239) only.
+    Forwarded,
+    /// `X-Forwarded-For` only.
+    XForwardedFor,
+    /// `X-Real-IP` only (several lines of it are read as a chain, the last
+    /// nearest, like `X-Forwarded-For`).
+    XRealIp,
+}
+
+/// Which rate-limit header fields limited responses carry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers),
+    /// the default.
+    #[default]
+    Draft,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`
+    /// (seconds until the budget is whole again).
+    Legacy,
+    /// Both.
+    Both,
+    /// None (`Retry-After` is still sent with a refusal).
+    None,
+}
+
+/// What a per-client rule (`by = ip`) does with a request whose client it
+/// cannot tell (no peer address, or a forwarding header it cannot read).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UnknownClient {
+    /// Refuse it with `400 Bad Request` (the default).
+    #[default]
+    Reject,
+    /// Count it against one budget shared by all such requests.
+    Shared,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            trusted: Vec::new(),
+            ipv6_prefix: 64,
+            client_header: ClientHeader::Any,
+            unknown_client: UnknownClient::Reject,
+            headers: HeaderStyle::Draft,
+            json: false,
+        }
+    }
+}
+
+impl HttpOptions {
+    /// The defaults: no trusted proxies, IPv6 grouped by /64, unknown clients
+    /// refused, draft headers, plain text bodies.
+    pub fn new() -> HttpOptions {
+        HttpOptions::default()
+    }
+
+    /// Trusts forwarding headers from these proxies: addresses
+    /// (`"10.0.0.1"`, `"::1"`) or CIDR blocks (`"10.0.0.0/8"`, `"fd00::/8"`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming the entry that is neither.
+    pub fn trust_proxies<'a>(
+        mut self,
+        proxies: impl IntoIterator<Item = &'a str>,
+    ) -> Result<HttpOptions, Error> {
+        for proxy in proxies {
+            self.trusted
+                .push(Cidr::parse(proxy).map_err(Error::Config)?);
+        }
+        Ok(self)
+    }
+
+    /// The forwarding header that names the client behind a trusted proxy
+    /// (default [`ClientHeader::Any`]). Set the one your proxies write:
+    /// nginx's `$proxy_add_x_forwarded_for` and most load balancers write
+    /// `X-Forwarded-For`.
+    pub fn client_header(mut self, header: ClientHeader) -> HttpOptions {
+        self.client_header = header;
+        self
+    }
+
+    /// Groups IPv6 clients by this prefix length (default 64: one budget per
+    /// /64, the smallest block a subscriber usually gets). 128 counts every
+    /// address alone.
+    pub fn ipv6_prefix(mut self, bits: u8) -> HttpOptions {
+        self.ipv6_prefix = bits.min(128);
+        self
+    }
+
+    /// What to do with requests whose client cannot be told.
+    pub fn unknown_client(mut self, rule: UnknownClient) -> HttpOptions {
+        self.unknown_client = rule;
+        self
+    }
+
+    /// Which rate-limit header fields to send.
+    pub fn headers(mut self, style: HeaderStyle) -> HttpOptions {
+        self.headers = style;
+        self
+    }
+
+    /// Refusals with a JSON body (`{"error": "...", "retry_after": ...}`)
+    /// instead of plain text.
+    pub fn json_body(mut self, json: bool) -> HttpOptions {
+        self.json = json;
+        self
+    }
+
+    /// The client's address: the TCP peer, or, when the peer is a trusted
+    /// proxy, the right-most untrusted hop of the forwarding headers.
+    /// IPv4-mapped IPv6 addresses are read as IPv4. `None` when there is no
+    /// usable address.
+    pub fn client_ip(&self, peer: Option<IpAddr>, headers: &impl Headers) -> Option<IpAddr> {
+        let peer = canonical(peer?);
+        if !self.trusted(peer) {
+            return Some(peer);
+        }
+        // The header the proxies write, or (Any) each one, which must then
+        // agree on the client.
+        let read = match &self.client_header {
+            ClientHeader::Any => &EACH_HEADER[..],
+            one => std::slice::from_ref(one),
+        };
+        let mut client = None;
+        let mut best_proxy = None;
+        for &header in read {
+            match self.behind(&hops(headers, header))? {
+                Named::Client(ip) if client.is_some_and(|c| c != ip) => {
+                    disagreeing_headers_seen();
+                    return None;
+                }
+                Named::Client(ip) => client = Some(ip),
+                // Every hop is a trusted proxy: the left-most is the best we know.
+                Named::Proxy(ip) => best_proxy = best_proxy.or(Some(ip)),
+                Named::Nobody => {}
+            }
+        }
+        client.or(best_proxy).or(Some(peer))
+    }
+
+    fn trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|cidr| cidr.contains(ip))
+    }
+
+    /// What a chain of hops (client first) says: the right-most hop that is
+    /// not a trusted proxy; `None` when a hop on the way is not an address.
+    fn behind(&self, hops: &[Option<IpAddr>]) -> Option<Named> {
+        let mut named = Named::Nobody;
+        for hop in hops.iter().rev() {
+            let hop = canonical((*hop)?);
+            if !self.trusted(hop) {
+                return Some(Named::Client(hop));
+            }
+            named = Named::Proxy(hop);
+        }
+        Some(named)
+    }
+
+    /// `:ip:<address>` for the key of the client `ip` (IPv6 masked to the
+    /// prefix).
+    pub fn subject_of(&self, ip: IpAddr) -> String {
+        let mut subject = String::with_capacity(48);
+        subject.push_str(":ip:");
+        match ip {
+            IpAddr::V4(v4) => {
+                let _ = write!(subject, "{v4}");
+            }
+            IpAddr::V6(v6) => {
+                let bits = u32::from(self.ipv6_prefix);
+                let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+                let masked = std::net::Ipv6Addr::from(u128::from(v6) & mask);
+                let _ = write!(subject, "{masked}/{bits}");
+            }
+        }
+        subject
+    }
+
+    /// The key's subject for `by = ip` of the client `ip` (as
+    /// [`client_ip`](HttpOptions::client_ip) tells it); `Err` when there is
+    /// none and such requests are refused.
+    pub(crate) fn ip_subject(&self, ip: Option<IpAddr>) -> Result<String, ()> {
+        match ip {
+            Some(ip) => Ok(self.subject_of(ip)),
+            None if self.unknown_client == UnknownClient::Shared => Ok(":ip:unknown".to_owned()),
+            None => Err(()),
+        }
+    }
+}
+
+/// The key's subject for `by = header("name")`: `:header:name:value` (empty
+/// value when the request has none: such requests share one budget). Long or
+/// odd values are digested ([`crate::keys`]).
+pub(crate) fn header_subject(name: &str, value: Option<&[u8]>) -> String {
+    let value = value.map(String::from_utf8_lossy).unwrap_or_default();
+    let mut subject = String::with_capacity(name.len() + 10 + value.len().min(64));
+    subject.push_str(":header:");
+    subject.push_str(name);
+    subject.push(':');
+    crate::keys::push_part(&mut subject, &value);
+    subject
+}
+
+/// IPv4-mapped IPv6 (`::ffff:1.2.3.4`) is the IPv4 client it carries.
+pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Logs, once per process, that forwarding headers named different clients.
+#[cold]
+fn disagreeing_headers_seen() {
+    static SEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SEEN.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "a request's forwarding headers name different clients, so its client is unknown \
+             (logged once); if your proxies write one of them, name it with \
+             HttpOptions::client_header and the others are ignored"
+        );
+    }
+}
+
+/// What a forwarding header names.
+enum Named {
+    /// The right-most hop that is not a trusted proxy.
+    Client(IpAddr),
+    /// Only trusted proxies: the left-most of them.
+    Proxy(IpAddr),
+    /// No hop (the header is absent).
+    Nobody,
+}
+
+/// Every forwarding header, in the order [`ClientHeader::Any`] reads them.
+const EACH_HEADER: [ClientHeader; 3] = [
+    ClientHeader::Forwarded,
+    ClientHeader::XForwardedFor,
+    ClientHeader::XRealIp,
+];
+
+/// The forwarding chain a header carries, client first (empty when the
+/// request lacks it). `None` marks a hop that is not an address (`unknown`,
+/// an obfuscated name, garbage).
+fn hops(headers: &impl Headers, header: ClientHeader) -> Vec<Option<IpAddr>> {
+    match header {
+        ClientHeader::Forwarded => headers
+            .values("forwarded")
+            .flat_map(split_list)
+            .map(|element| {
+                element
+                    .split(';')
+                    .filter_map(|pair| pair.split_once('='))
+                    .find(|(name, _)| name.trim().eq_ignore_ascii_case("for"))
+                    .and_then(|(_, value)| parse_node(value))
+            })
+            .collect(),
+        ClientHeader::XForwardedFor => headers
+            .values("x-forwarded-for")
+            .flat_map(split_list)
+            .map(parse_node)
+            .collect(),
+        // One address a line; several lines (a proxy that adds its own
+        // instead of replacing the client's) are a chain, the last nearest.
+        ClientHeader::XRealIp => headers
+            .values("x-real-ip")
+            .map(|value| std::str::from_utf8(value).ok().and_then(parse_node))
+            .collect(),
+        // Not one header: read as each of EACH_HEADER.
+        ClientHeader::Any => Vec::new(),
+    }
+}
+
+fn split_list(value: &[u8]) -> Vec<&str> {
+    match std::str::from_utf8(value) {
+        Ok(text) => text.split(',').map(str::trim).collect(),
+        // Not text: one hop nobody can read.
+        Err(_) => vec![""],
+    }
+}
+
+/// `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]:80`, optionally quoted.
+fn parse_node(node: &str) -> Option<IpAddr> {
+    let node = node.trim().trim_matches('"');
+    if let Some(rest) = node.strip_prefix('[') {
+        return rest.split_once(']')?.0.parse().ok();
+    }
+    if let Ok(ip) = node.parse() {
+        return Some(ip);
+    }
+    let (host, port) = node.rsplit_once(':')?;
+    port.parse::<u16>().ok()?;
+    host.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
+}
+
+/// An address block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cidr {
+    addr: IpAddr,
+    bits: u8,
+}
+
+impl Cidr {
+    fn parse(text: &str) -> Result<Cidr, String> {
+        let bad = || format!("{text:?} is not an IP address or CIDR block (like \"10.0.0.0/8\")");
+        let (addr, bits) = match text.trim().split_once('/') {
+            Some((addr, bits)) => (addr, Some(bits.parse::<u8>().map_err(|_| bad())?)),
+            None => (text.trim(), None),
+        };
+        let addr = canonical(addr.parse::<IpAddr>().map_err(|_| bad())?);
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let bits = bits.unwrap_or(max);
+        if bits > max {
+            return Err(bad());
+        }
+        Ok(Cidr { addr, bits })
+    }
+
+    fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.bits)).unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.bits))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ::http::{HeaderMap, HeaderName, HeaderValue};
+
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::try_from(*name).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    fn ip(text: &str) -> Option<IpAddr> {
+        Some(text.parse().unwrap())
+    }
+
+    #[test]
+    fn forwarding_headers_count_only_from_trusted_proxies() {
+        let open = HttpOptions::new();
+        let spoofed = headers(&[("x-forwarded-for", "9.9.9.9")]);
+        assert_eq!(
+            open.client_ip(ip("203.0.113.7"), &spoofed),
+            ip("203.0.113.7")
+        );
+
+        let proxied = HttpOptions::new().trust_proxies(["10.0.0.0/8"]).unwrap();
+        assert_eq!(proxied.client_ip(ip("10.0.0.2"), &spoofed), ip("9.9.9.9"));
+        // A client-sent address left of the real one is ignored: the
+        // right-most untrusted hop wins.
+        let chain = headers(&[("x-forwarded-for", "1.1.1.1, 203.0.113.7, 10.0.0.5")]);
+        assert_eq!(proxied.client_ip(ip("10.0.0.2"), &chain), ip("203.0.113.7"));
+        // What the headers a request carries name, read with the default
+        // (`ClientHeader::Any`).
+        type Headers<'a> = &'a [(&'a str, &'a str)];
+        let cases: [(Headers<'_>, Option<IpAddr>); 6] = [
+            // Forwarded (RFC 7239), with quotes, ports and IPv6.
+            (
+                &[(
+                    "forwarded",
+                    "for=1.1.1.1, for=\"[2001:db8::17]:4711\";proto=https",
+                )],
+                ip("2001:db8::17"),
+            ),
+            (&[("x-real-ip", "198.51.100.4")], ip("198.51.100.4")),
+            // Several that agree (nginx's X-Real-IP and X-Forwarded-For).
+            (
+                &[
+                    ("x-forwarded-for", "1.1.1.1, 203.0.113.7"),
+                    ("x-real-ip", "203.0.113.7"),
+                ],
+                ip("203.0.113.7"),
+            ),
+            // One whose hops are all trusted proxies names nobody.
+            (
+                &[
+                    ("x-forwarded-for", "198.51.100.9, 10.0.0.7"),
+                    ("x-real-ip", "10.0.0.7"),
+                ],
+                ip("198.51.100.9"),
+            ),
+            // Headers that name different clients: one of them is the
+            // client's own (its proxy passed it on), so it cannot be told...
+            (
+                &[
+                    ("forwarded", "for=5.5.5.5"),
+                    ("x-forwarded-for", "203.0.113.7"),
+                ],
+                None,
+            ),
+            // ...nor from a hop that is not an address.
+            (&[("forwarded", "for=unknown")], None),
+        ];
+        for (pairs, client) in cases {
+            assert_eq!(
+                proxied.client_ip(ip("10.0.0.2"), &headers(pairs)),
+                client,
+                "{pairs:?}"
+            );
+        }
+        // A client's own X-Real-IP, passed on by a proxy that adds its line
+        // rather than replacing it, is not the client.
+        let added = headers(&[
+            ("x-real-ip", "5.5.5.5"),
+            ("x-real-ip", "203.0.113.7"),
+            ("x-forwarded-for", "203.0.113.7"),
+        ]);
+        for options in [
+            &proxied,
+            &proxied.clone().client_header(ClientHeader::XRealIp),
+        ] {
+            assert_eq!(options.client_ip(ip("10.0.0.2"), &added), ip("203.0.113.7"));
+        }
+        // Headers that disagree name one client once the options say which
+        // header the proxies write.
+        let disagreeing = headers(cases[4].0);
+        for (header, client) in [
+            (ClientHeader::XForwardedFor, ip("203.0.113.7")),
+            (ClientHeader::Forwarded, ip("5.5.5.5")),
+            // Absent: the proxy itself is the client.
+            (ClientHeader::XRealIp, ip("10.0.0.2")),
+        ] {
+            let pinned = proxied.clone().client_header(header);
+            assert_eq!(
+                pinned.client_ip(ip("10.0.0.2"), &disagreeing),
+                client,
+                "{header:?}"
+            );
+        }
+        assert_eq!(proxied.client_ip(None, &spoofed), None);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
+
+        /// Whatever the forwarding headers say, resolving never panics, and an
+        /// untrusted peer is always the client.
+        #[test]
+        fn forwarding_headers_never_panic(
+            forwarded in "[ -~]{0,120}",
+            xff in "[ -~]{0,120}",
+            real in "[ -~]{0,60}",
+            raw in proptest::collection::vec(0x80u8..=0xff, 0..40),
+        ) {
+            let mut map = headers(&[("forwarded", &forwarded), ("x-forwarded-for", &xff), ("x-real-ip", &real)]);
+            map.append(HeaderName::from_static("x-forwarded-for"), HeaderValue::from_bytes(&raw).unwrap_or(HeaderValue::from_static("")));
+            let trusted = HttpOptions::new().trust_proxies(["0.0.0.0/0", "::/0"]).unwrap();
+            let _ = trusted.client_ip(ip("10.0.0.1"), &map);
+            let open = HttpOptions::new();
+            proptest::prop_assert_eq!(open.client_ip(ip("203.0.113.5"), &map), ip("203.0.113.5"));
+        }
+
+        #[test]
+        fn header_values_never_escape_the_key(value in proptest::collection::vec(0x20u8..=0xff, 0..2000)) {
+            let Ok(header) = HeaderValue::from_bytes(&value) else { return Ok(()); };
+            let subject = header_subject("x-api-key", Some(header.as_bytes()));
+            let part = subject.strip_prefix(":header:x-api-key:").unwrap();
+            proptest::prop_assert!(part.len() <= crate::keys::MAX_PART);
+            proptest::prop_assert!(!part.contains([':', '{', '}', '*', '\n', ' ']), "escaped: {:?}", part);
+        }
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_ipv4() {
+        let options = HttpOptions::new().trust_proxies(["127.0.0.1"]).unwrap();
+        assert_eq!(
+            options.client_ip(ip("::ffff:203.0.113.9"), &HeaderMap::new()),
+            ip("203.0.113.9")
+        );
+        assert_eq!(
+            options.client_ip(
+                ip("::ffff:127.0.0.1"),
+                &headers(&[("x-real-ip", "1.2.3.4")])
+            ),
+            ip("1.2.3.4")
+        );
+    }
+
+    /// `:ip:<address>` for the key of the client behind `peer`, or `None`.
+    fn client_subject(options: &HttpOptions, peer: &str) -> Option<String> {
+        let peer = peer.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
+        options
+            .client_ip(peer, &HeaderMap::new())
+            .map(|ip| options.subject_of(ip))
+    }
+
+    #[test]
+    fn ipv6_clients_are_grouped_by_prefix() {
+        let by_64 = HttpOptions::new();
+        let a = client_subject(&by_64, "[2001:db8:1:2:aaaa::1]:443").unwrap();
+        let b = client_subject(&by_64, "[2001:db8:1:2:bbbb::9]:443").unwrap();
+        let c = client_subject(&by_64, "[2001:db8:1:3::1]:443").unwrap();
+        assert_eq!(a, ":ip:2001:db8:1:2::/64");
+        assert_eq!(a, b, "one /64, one budget");
+        assert_ne!(a, c);
+        let alone = HttpOptions::new().ipv6_prefix(128);
+        assert_ne!(
+            client_subject(&alone, "[2001:db8:1:2:aaaa::1]:443"),
+            client_subject(&alone, "[2001:db8:1:2:bbbb::9]:443")
+        );
+        assert_eq!(
+            client_subject(&by_64, "[::ffff:198.51.100.7]:80").unwrap(),
+            ":ip:198.51.100.7"
+        );
+        assert_eq!(
+            client_subject(&by_64, "198.51.100.7:80").unwrap(),
+            ":ip:198.51.100.7"
+        );
+        assert_eq!(client_subject(&by_64, "no peer"), None);
+    }
+
+    #[test]
+    fn cidr_blocks() {
+        let block = Cidr::parse("192.168.0.0/16").unwrap();
+        assert!(block.contains("192.168.44.1".parse().unwrap()));
+        assert!(!block.contains("192.169.0.1".parse().unwrap()));
+        assert!(
+            Cidr::parse("fd00::/8")
+                .unwrap()
+                .contains("fdab::1".parse().unwrap())
+        );
+        assert!(
+            Cidr::parse("0.0.0.0/0")
+                .unwrap()
+                .contains("8.8.8.8".parse().unwrap())
+        );
+        for bad in ["10.0.0.0/33", "ten", "10.0.0.0/x", ""] {
+            assert!(Cidr::parse(bad).is_err(), "{bad}");
+        }
+        assert!(HttpOptions::new().trust_proxies(["nope"]).is_err());
+    }
+}

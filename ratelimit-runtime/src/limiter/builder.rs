@@ -1,0 +1,255 @@
+//! [`RateLimiterBuilder`]: the backend, its failure policy and its options.
+
+#[cfg(feature = "redis")]
+use std::time::Duration;
+
+#[cfg(feature = "redis")]
+use super::breaker::{Breaker, OverLimitCache};
+use super::{DynBackend, RateLimiter, Store};
+use crate::backend::Backend;
+use crate::backend::memory::MemoryBackend;
+#[cfg(feature = "redis")]
+use crate::backend::redis::{
+    ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, RedisBackend,
+};
+use crate::clock::Clock;
+use crate::{Error, OnError};
+
+/// Builds a [`RateLimiter`]: pick a backend, then [`build`](RateLimiterBuilder::build).
+///
+/// The default backend is in process memory.
+#[derive(Debug, Default)]
+pub struct RateLimiterBuilder {
+    backend: BackendChoice,
+    on_error: OnError,
+    shadow: bool,
+    max_keys: Option<usize>,
+    clock: Option<Box<dyn Clock>>,
+    #[cfg(feature = "redis")]
+    timeout: Option<Duration>,
+    #[cfg(feature = "redis")]
+    connect_timeout: Option<Duration>,
+    #[cfg(feature = "redis")]
+    probe_interval: Option<Duration>,
+    #[cfg(feature = "redis")]
+    start_degraded: bool,
+    #[cfg(feature = "redis")]
+    over_limit_cache: bool,
+    #[cfg(feature = "redis")]
+    per_check_calls: bool,
+    #[cfg(feature = "redis")]
+    no_functions: bool,
+}
+
+#[derive(Debug, Default)]
+enum BackendChoice {
+    #[default]
+    Memory,
+    #[cfg(feature = "redis")]
+    Redis(String),
+    #[cfg(feature = "redis")]
+    RedisCluster(Vec<String>),
+    Custom(Box<dyn DynBackend>),
+}
+
+impl RateLimiterBuilder {
+    /// Keep budgets in process memory (the default): limits hold per process.
+    pub fn in_memory(mut self) -> Self {
+        self.backend = BackendChoice::Memory;
+        self
+    }
+
+    /// Keep budgets in the Redis server at `url` (`redis://host:port/db`):
+    /// limits hold across every process that uses it.
+    #[cfg(feature = "redis")]
+    pub fn redis(mut self, url: impl Into<String>) -> Self {
+        self.backend = BackendChoice::Redis(url.into());
+        self
+    }
+
+    /// What to do with a call when the backend fails or does not answer in
+    /// time: [`OnError::Local`] (the default) checks the same rule in process
+    /// memory until it answers again, [`OnError::Allow`] lets calls through,
+    /// [`OnError::Deny`] refuses them. A rule's `on_error` overrides it.
+    pub fn on_backend_error(mut self, on_error: OnError) -> Self {
+        self.on_error = on_error;
+        self
+    }
+
+    /// Keep budgets in a Redis Cluster, reached through any of these nodes
+    /// (`redis://host:port`): every check runs on the one slot of its key.
+    #[cfg(feature = "redis")]
+    pub fn redis_cluster<S: Into<String>>(mut self, nodes: impl IntoIterator<Item = S>) -> Self {
+        self.backend = BackendChoice::RedisCluster(nodes.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// After Redis fails, how often one call probes it while the others are
+    /// answered by the failure policy without waiting for it (default 250 ms).
+    #[cfg(feature = "redis")]
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.probe_interval = Some(interval);
+        self
+    }
+
+    /// Let [`build`](RateLimiterBuilder::build) succeed when Redis cannot be
+    /// reached: the limiter starts degraded (the failure policy answers) and
+    /// connects when Redis answers a probe.
+    #[cfg(feature = "redis")]
+    pub fn start_degraded(mut self, allow: bool) -> Self {
+        self.start_degraded = allow;
+        self
+    }
+
+    /// Remember keys Redis refused until a known time, and refuse them
+    /// locally until then, without a round trip (off by default). It never
+    /// lets through a call Redis would refuse, and never refuses past the
+    /// time Redis named. Cuts Redis load during floods.
+    #[cfg(feature = "redis")]
+    pub fn over_limit_cache(mut self, enabled: bool) -> Self {
+        self.over_limit_cache = enabled;
+        self
+    }
+
+    /// At most about `max_keys` keys in process memory (the in-memory store,
+    /// or the insurance limiter used while Redis fails); see
+    /// [`MemoryBackend::with_max_keys`] for what happens when it is reached.
+    /// Default: no cap (expired keys are still reclaimed).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = Some(max_keys);
+        self
+    }
+
+    /// Shadow mode for every rule on this limiter: calls are checked and
+    /// counted but never refused (for rolling out new limits safely).
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
+    /// Keep budgets in a backend of your own.
+    pub fn backend(mut self, backend: impl Backend) -> Self {
+        self.backend = BackendChoice::Custom(Box::new(backend));
+        self
+    }
+
+    /// The clock of the in-process store (and of the insurance limiter used
+    /// while Redis fails); a [`ManualClock`](crate::ManualClock) in tests.
+    /// Redis always uses its own server clock.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Box::new(clock));
+        self
+    }
+
+    /// How long one check may wait for Redis (default 50 ms); a check that
+    /// takes longer is answered by the failure policy.
+    #[cfg(feature = "redis")]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Coalesce the checks that wait for one Redis server at the same moment
+    /// into one script call (default `true`): each check stays atomic and
+    /// keeps one round trip, the server runs many per call. `false` sends
+    /// every check as its own `EVALSHA`. A cluster always does that.
+    #[cfg(feature = "redis")]
+    pub fn coalesce(mut self, coalesce: bool) -> Self {
+        self.per_check_calls = !coalesce;
+        self
+    }
+
+    /// Load the batch script that coalesced checks use as a Redis function
+    /// library, called with `FCALL` (default `true`): the server skips the
+    /// script's setup at every call, about 2 µs of its time. Where the
+    /// server has no functions (before Redis 7) or the user may not load
+    /// them, batches go by `EVALSHA` either way. The library
+    /// (`ratelimit_<version>`) stays in Redis, as functions do, until
+    /// `FUNCTION DELETE`; `false` leaves nothing there but the script cache.
+    #[cfg(feature = "redis")]
+    pub fn redis_functions(mut self, functions: bool) -> Self {
+        self.no_functions = !functions;
+        self
+    }
+
+    /// How long [`build`](RateLimiterBuilder::build) may take to connect to
+    /// Redis and load the scripts (default 2 s).
+    #[cfg(feature = "redis")]
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    #[cfg(feature = "redis")]
+    fn connect_options(&self) -> ConnectOptions {
+        ConnectOptions {
+            timeout: self.timeout.unwrap_or(DEFAULT_TIMEOUT),
+            connect_timeout: self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+            lazy: self.start_degraded,
+            coalesce: !self.per_check_calls,
+            functions: !self.no_functions,
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn redis_store(&self, redis: RedisBackend, clock: Option<Box<dyn Clock>>) -> Store {
+        Store::Redis {
+            redis,
+            insurance: self.memory(clock),
+            breaker: Breaker::new(
+                self.probe_interval.unwrap_or(Duration::from_millis(250)),
+                false,
+            ),
+            over_limit: self.over_limit_cache.then(OverLimitCache::new),
+        }
+    }
+
+    /// The in-process store, on the given clock or the system's.
+    fn memory(&self, clock: Option<Box<dyn Clock>>) -> MemoryBackend {
+        let store = match clock {
+            Some(clock) => MemoryBackend::with_boxed_clock(clock),
+            None => MemoryBackend::new(),
+        };
+        match self.max_keys {
+            Some(max) => store.with_max_keys(max),
+            None => store,
+        }
+    }
+
+    /// Builds the limiter, connecting to Redis if one was chosen.
+    ///
+    /// With Redis, the connection runs on the current Tokio runtime. If that
+    /// runtime ends while the limiter is still used, the connection is made
+    /// again on the runtime that checks; one that lives on without being
+    /// driven (a current-thread runtime outside `block_on`) leaves the
+    /// limiter's checks timing out.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a malformed Redis URL, [`Error::Backend`] if
+    /// Redis cannot be reached (or the scripts loaded) within the connect
+    /// timeout.
+    pub async fn build(mut self) -> Result<RateLimiter, Error> {
+        let clock = self.clock.take();
+        let backend = std::mem::take(&mut self.backend);
+        let store = match backend {
+            BackendChoice::Memory => Store::Memory(self.memory(clock)),
+            #[cfg(feature = "redis")]
+            BackendChoice::Redis(url) => {
+                let redis = RedisBackend::open(&url, self.connect_options()).await?;
+                self.redis_store(redis, clock)
+            }
+            #[cfg(feature = "redis")]
+            BackendChoice::RedisCluster(nodes) => {
+                let redis = RedisBackend::open_cluster(&nodes, self.connect_options()).await?;
+                self.redis_store(redis, clock)
+            }
+            BackendChoice::Custom(backend) => Store::Custom(backend),
+        };
+        Ok(RateLimiter {
+            on_error: self.on_error,
+            shadow: self.shadow,
+            ..RateLimiter::from_store(store)
+        })
+    }
+}

@@ -1,0 +1,542 @@
+//! The [`RateLimiter`] handle: where budgets are kept, and what happens when
+//! that store fails. [`builder`] builds one, [`install`] makes it the global
+//! or a named limiter, [`permit`] holds a call's decision and lease.
+
+#[cfg(feature = "redis")]
+mod breaker;
+mod builder;
+mod install;
+mod permit;
+
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use once_cell::sync::OnceCell;
+
+pub use builder::RateLimiterBuilder;
+pub use permit::Permit;
+
+use crate::backend::Backend;
+use crate::backend::memory::MemoryBackend;
+#[cfg(feature = "redis")]
+use crate::backend::redis::RedisBackend;
+use crate::clock::Clock;
+use crate::{Algorithm, Decision, Error, OnError, Rule};
+#[cfg(feature = "redis")]
+use breaker::{Breaker, CircuitOpen, OverLimitCache};
+use permit::Lease;
+
+/// A rate limiter: a backend to keep budgets in, and what to do when it fails.
+///
+/// Cheap to clone (clones share everything). Build one at start-up with
+/// [`RateLimiter::builder`], then [`install`](RateLimiter::install) it as the
+/// global limiter that `#[rate_limit]` uses. With nothing installed, an
+/// in-memory limiter serves.
+///
+/// ```no_run
+/// use ratelimit_runtime::RateLimiter;
+///
+/// # async fn start() -> Result<(), ratelimit_runtime::Error> {
+/// RateLimiter::builder()
+///     .redis("redis://127.0.0.1:6379")
+///     .build()
+///     .await?
+///     .install()?;
+/// # Ok(()) }
+/// ```
+///
+/// It can also be asked directly:
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit_runtime::{RateLimiter, Rule};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), ratelimit_runtime::Error> {
+/// const LOGIN: Rule = Rule::fixed_window(2, Duration::from_secs(60));
+/// let limiter = RateLimiter::in_memory();
+/// assert!(limiter.check(&LOGIN, "login:alice").await?.allowed);
+/// assert!(limiter.check(&LOGIN, "login:alice").await?.allowed);
+/// let third = limiter.check(&LOGIN, "login:alice").await?;
+/// assert!(!third.allowed);
+/// // The window started at the first call, a moment ago.
+/// assert!(third.retry_after > Duration::from_secs(59));
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct RateLimiter {
+    store: Arc<Store>,
+    on_error: OnError,
+    shadow: bool,
+}
+
+#[derive(Debug)]
+enum Store {
+    Memory(MemoryBackend),
+    #[cfg(feature = "redis")]
+    Redis {
+        redis: RedisBackend,
+        /// Checks the same rules in process memory while Redis fails, so the
+        /// service stays up and each instance still enforces the limits.
+        insurance: MemoryBackend,
+        breaker: Breaker,
+        over_limit: Option<OverLimitCache>,
+    },
+    Custom(Box<dyn DynBackend>),
+}
+
+impl Store {
+    /// Gives a lease back at once when it was taken in process memory (the
+    /// memory store, or the insurance limiter while Redis failed); `false`
+    /// when the backend holds it.
+    fn release_in_process(&self, lease: &Lease) -> bool {
+        match self {
+            Store::Memory(memory) => memory.release_now(&lease.key, lease.id),
+            #[cfg(feature = "redis")]
+            Store::Redis { insurance, .. } if lease.held_by_insurance => {
+                insurance.release_now(&lease.key, lease.id)
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Gives a lease back, where it was taken.
+    async fn release(&self, lease: &Lease) -> Result<(), Error> {
+        if self.release_in_process(lease) {
+            return Ok(());
+        }
+        match self {
+            #[cfg(feature = "redis")]
+            Store::Redis { redis, .. } => {
+                Backend::release(redis, &lease.rule, &lease.key, lease.cost, lease.id).await
+            }
+            Store::Custom(backend) => {
+                backend
+                    .release(&lease.rule, &lease.key, lease.cost, lease.id)
+                    .await
+            }
+            // Released in process above.
+            Store::Memory(_) => Ok(()),
+        }
+    }
+}
+
+impl RateLimiter {
+    /// Starts building a limiter; see [`RateLimiterBuilder`].
+    pub fn builder() -> RateLimiterBuilder {
+        RateLimiterBuilder::default()
+    }
+
+    /// An in-process limiter on the system clock: the embedded default.
+    pub fn in_memory() -> RateLimiter {
+        RateLimiter::from_store(Store::Memory(MemoryBackend::new()))
+    }
+
+    /// An in-process limiter on the given clock (a [`ManualClock`](crate::ManualClock)
+    /// in tests, so they advance time instead of sleeping).
+    pub fn in_memory_with_clock(clock: impl Clock) -> RateLimiter {
+        RateLimiter::from_store(Store::Memory(MemoryBackend::with_clock(clock)))
+    }
+
+    fn from_store(store: Store) -> RateLimiter {
+        RateLimiter {
+            store: Arc::new(store),
+            on_error: OnError::default(),
+            shadow: false,
+        }
+    }
+
+    /// Whether every rule on this limiter is in shadow mode (checked and
+    /// recorded, never refusing): [`RateLimiterBuilder::shadow`].
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
+    }
+
+    /// What this limiter does with a call when its backend fails
+    /// ([`RateLimiterBuilder::on_backend_error`]; a rule may say otherwise).
+    pub fn on_backend_error(&self) -> OnError {
+        self.on_error
+    }
+
+    /// The name of the backend: `"memory"`, `"redis"` or `"custom"`.
+    pub fn backend_name(&self) -> &'static str {
+        match &*self.store {
+            Store::Memory(_) => "memory",
+            #[cfg(feature = "redis")]
+            Store::Redis { .. } => "redis",
+            Store::Custom(_) => "custom",
+        }
+    }
+
+    /// Checks and consumes one unit of `key`'s budget under `rule`.
+    ///
+    /// Being over the limit is not an error: it is a [`Decision`] with
+    /// `allowed == false`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] if the backend failed and the limiter's policy is
+    /// [`OnError::Deny`] (with `Local`, the default, the same rule is checked
+    /// in process memory instead; with `Allow`, the call is allowed), and
+    /// [`Error::PermitRequired`] for a `concurrency` rule.
+    pub async fn check(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
+        self.check_cost(rule, key, 1).await
+    }
+
+    /// Checks and consumes `cost` units of `key`'s budget under `rule`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidCost`] if `cost` is 0 or over the rule's capacity (such
+    /// a call could never pass), and as [`check`](RateLimiter::check).
+    pub async fn check_cost(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
+        if rule.algorithm() == Algorithm::Concurrency {
+            return Err(Error::PermitRequired);
+        }
+        let permit = self.acquire_with(rule, key, cost, self.on_error).await?;
+        Ok(*permit.decision())
+    }
+
+    /// Checks and consumes `cost` units of `key`'s budget under `rule`, for
+    /// the length of a call: the returned [`Permit`] holds them for a
+    /// `concurrency` rule until it is dropped or
+    /// [released](Permit::release) (for the other algorithms it holds nothing).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{RateLimiter, Rule};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), ratelimit_runtime::Error> {
+    /// const EXPORTS: Rule = Rule::concurrency(1, Duration::from_secs(60));
+    /// let limiter = RateLimiter::in_memory();
+    /// let first = limiter.acquire(&EXPORTS, "exports", 1).await?;
+    /// assert!(first.decision().allowed);
+    /// assert!(!limiter.acquire(&EXPORTS, "exports", 1).await?.decision().allowed);
+    /// drop(first); // the call ended: its lease is released
+    /// assert!(limiter.acquire(&EXPORTS, "exports", 1).await?.decision().allowed);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`check_cost`](RateLimiter::check_cost), and [`Error::Unsupported`]
+    /// from a custom backend without concurrency support.
+    pub async fn acquire(&self, rule: &Rule, key: &str, cost: u64) -> Result<Permit, Error> {
+        self.acquire_with(rule, key, cost, self.on_error).await
+    }
+
+    /// [`acquire`](RateLimiter::acquire) under the failure policy `on_error`.
+    ///
+    /// In process memory the answer is decided here; a backend's call is
+    /// boxed, so the futures of in-memory checks stay small.
+    pub(crate) async fn acquire_with(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        on_error: OnError,
+    ) -> Result<Permit, Error> {
+        validate_cost(rule, cost)?;
+        match &*self.store {
+            Store::Memory(memory) => {
+                let decision = if rule.algorithm() == Algorithm::Concurrency {
+                    let id = next_lease_id();
+                    let decision = memory.acquire_now(rule, key, cost, id);
+                    return Ok(self.permit(rule, key, cost, id, decision, false));
+                } else {
+                    memory.check_now(rule, key, cost)
+                };
+                Ok(self.permit(rule, key, cost, 0, decision, false))
+            }
+            _ => Box::pin(self.acquire_from_backend(rule, key, cost, on_error)).await,
+        }
+    }
+
+    /// The permit for a decision (with a lease for an allowed concurrency call).
+    fn permit(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        id: u64,
+        decision: Decision,
+        local: bool,
+    ) -> Permit {
+        let lease = (rule.algorithm() == Algorithm::Concurrency && decision.allowed).then(|| {
+            Box::new(Lease {
+                store: Arc::clone(&self.store),
+                rule: *rule,
+                key: key.into(),
+                cost,
+                id,
+                held_by_insurance: local,
+                released: false,
+            })
+        });
+        Permit {
+            decision,
+            lease,
+            local,
+            unchecked: false,
+        }
+    }
+
+    async fn acquire_from_backend(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        on_error: OnError,
+    ) -> Result<Permit, Error> {
+        #[cfg(not(feature = "redis"))]
+        let _ = on_error; // only the Redis backend fails over
+        let concurrency = rule.algorithm() == Algorithm::Concurrency;
+        let id = if concurrency { next_lease_id() } else { 0 };
+        let (decision, held_by_insurance) = match &*self.store {
+            Store::Memory(memory) => (memory.check_now(rule, key, cost), false),
+            #[cfg(feature = "redis")]
+            Store::Redis {
+                redis,
+                insurance,
+                breaker,
+                over_limit,
+            } => {
+                let cache = over_limit.as_ref().filter(|_| !concurrency);
+                if let Some(decision) = cache.and_then(|c| c.refused(key, cost)) {
+                    return Ok(Permit {
+                        decision,
+                        lease: None,
+                        local: false,
+                        unchecked: false,
+                    });
+                }
+                // The cache, with the time the request left (read only for it).
+                let remembering = cache.map(|cache| (cache, std::time::Instant::now()));
+                let answer = if !breaker.allow() {
+                    Err(Error::backend(CircuitOpen))
+                } else if concurrency {
+                    Backend::acquire(redis, rule, key, cost, id).await
+                } else {
+                    Backend::check(redis, rule, key, cost).await
+                };
+                match answer {
+                    Ok(decision) => {
+                        breaker.succeeded();
+                        if let Some((cache, sent)) = remembering {
+                            cache.remember(key, cost, &decision, sent);
+                        }
+                        (decision, false)
+                    }
+                    Err(error) => {
+                        if !matches!(&error, Error::Backend(e) if e.is::<CircuitOpen>()) {
+                            breaker.failed(&error, on_error);
+                        }
+                        match on_error {
+                            OnError::Local if concurrency => {
+                                (insurance.acquire_now(rule, key, cost, id), true)
+                            }
+                            OnError::Local => (insurance.check_now(rule, key, cost), true),
+                            OnError::Allow => return Ok(Permit::allowed_unchecked(rule)),
+                            OnError::Deny => return Err(error),
+                        }
+                    }
+                }
+            }
+            Store::Custom(backend) if concurrency => {
+                (backend.acquire(rule, key, cost, id).await?, false)
+            }
+            Store::Custom(backend) => (backend.check(rule, key, cost).await?, false),
+        };
+        Ok(self.permit(rule, key, cost, id, decision, held_by_insurance))
+    }
+}
+
+fn validate_cost(rule: &Rule, cost: u64) -> Result<(), Error> {
+    if cost == 0 || cost > rule.capacity() {
+        return Err(Error::InvalidCost {
+            cost,
+            capacity: rule.capacity(),
+        });
+    }
+    Ok(())
+}
+
+/// A lease id no other lease of this process, or (with 64 random bits)
+/// of any other process, uses: a counter, hashed with a per-process seed.
+fn next_lease_id() -> u64 {
+    static SEED: OnceCell<RandomState> = OnceCell::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    SEED.get_or_init(RandomState::new).hash_one(n)
+}
+
+type CheckFuture<'a> = Pin<Box<dyn Future<Output = Result<Decision, Error>> + Send + 'a>>;
+
+/// [`Backend`] made object-safe, for custom backends (the built-in ones are
+/// called without boxing).
+trait DynBackend: Send + Sync + fmt::Debug + 'static {
+    fn check<'a>(&'a self, rule: &'a Rule, key: &'a str, cost: u64) -> CheckFuture<'a>;
+    fn acquire<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+        lease: u64,
+    ) -> CheckFuture<'a>;
+    fn release<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+        lease: u64,
+    ) -> ReleaseFuture<'a>;
+}
+
+type ReleaseFuture<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'a>>;
+
+impl<B: Backend> DynBackend for B {
+    fn check<'a>(&'a self, rule: &'a Rule, key: &'a str, cost: u64) -> CheckFuture<'a> {
+        Box::pin(Backend::check(self, rule, key, cost))
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+        lease: u64,
+    ) -> CheckFuture<'a> {
+        Box::pin(Backend::acquire(self, rule, key, cost, lease))
+    }
+
+    fn release<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+        lease: u64,
+    ) -> ReleaseFuture<'a> {
+        Box::pin(Backend::release(self, rule, key, cost, lease))
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// A custom backend with concurrency support: the units each lease
+    /// holds, in a map.
+    #[derive(Debug)]
+    struct Leases(Arc<Mutex<HashMap<u64, u64>>>);
+
+    impl Backend for Leases {
+        async fn check(&self, _rule: &Rule, _key: &str, _cost: u64) -> Result<Decision, Error> {
+            Err(Error::Unsupported("checks"))
+        }
+
+        async fn acquire(
+            &self,
+            rule: &Rule,
+            _key: &str,
+            cost: u64,
+            lease: u64,
+        ) -> Result<Decision, Error> {
+            let mut held = self.0.lock().unwrap();
+            let used: u64 = held.values().sum();
+            let allowed = used + cost <= rule.count();
+            if allowed {
+                held.insert(lease, cost);
+            }
+            Ok(Decision {
+                allowed,
+                limit: rule.count(),
+                remaining: rule.count() - used - if allowed { cost } else { 0 },
+                reset_after: Duration::ZERO,
+                retry_after: Duration::ZERO,
+            })
+        }
+
+        async fn release(
+            &self,
+            _rule: &Rule,
+            _key: &str,
+            _cost: u64,
+            lease: u64,
+        ) -> Result<(), Error> {
+            self.0.lock().unwrap().remove(&lease);
+            Ok(())
+        }
+    }
+
+    /// A dropped permit gives a custom backend's lease back from a task on
+    /// the current runtime, with or without the `redis` feature; released
+    /// explicitly, at once; dropped where no runtime runs, it is left held
+    /// (to expire), and nothing panics.
+    #[test]
+    fn a_custom_backends_lease_is_released_when_its_permit_drops() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let held = Arc::new(Mutex::new(HashMap::new()));
+        let limiter = runtime
+            .block_on(RateLimiter::builder().backend(Leases(held.clone())).build())
+            .unwrap();
+        let rule = Rule::concurrency(2, Duration::from_secs(60));
+        let units =
+            |held: &Arc<Mutex<HashMap<u64, u64>>>| held.lock().unwrap().values().sum::<u64>();
+        runtime.block_on(async {
+            let first = limiter.acquire(&rule, "k", 1).await.unwrap();
+            let second = limiter.acquire(&rule, "k", 1).await.unwrap();
+            assert!(first.decision().allowed && second.decision().allowed);
+            assert!(
+                !limiter
+                    .acquire(&rule, "k", 1)
+                    .await
+                    .unwrap()
+                    .decision()
+                    .allowed
+            );
+            assert_eq!(units(&held), 2);
+
+            second.release().await.unwrap();
+            assert_eq!(units(&held), 1, "released at once");
+
+            drop(first);
+            for _ in 0..100 {
+                if units(&held) == 0 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(units(&held), 0, "released by the dropped permit's task");
+        });
+
+        let outside = runtime.block_on(limiter.acquire(&rule, "k", 2)).unwrap();
+        assert!(outside.decision().allowed);
+        drop(outside);
+        assert_eq!(units(&held), 2, "no runtime: left to expire");
+    }
+
+    /// No two leases share an id, across threads.
+    #[test]
+    fn lease_ids_are_unique_across_threads() {
+        let per_thread = 10_000;
+        let ids: Vec<u64> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..3)
+                .map(|_| s.spawn(|| (0..per_thread).map(|_| next_lease_id()).collect::<Vec<_>>()))
+                .collect();
+            threads
+                .into_iter()
+                .flat_map(|t| t.join().unwrap())
+                .collect()
+        });
+        let distinct: std::collections::HashSet<u64> = ids.iter().copied().collect();
+        assert_eq!(distinct.len(), 3 * per_thread);
+    }
+}
