@@ -366,7 +366,7 @@ impl Contender {
             }
             Contender::Raw(conn) => {
                 let script = Arc::new(redis::Script::new(
-                    ratelimit_runtime::backend::redis::lua_source(algorithm),
+                    &ratelimit_runtime::backend::redis::lua_source(algorithm),
                 ));
                 let conn = conn.clone();
                 drive(concurrency, duration, move |task, n| {

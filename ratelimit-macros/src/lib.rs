@@ -4,6 +4,8 @@
 
 mod attr;
 mod expand;
+mod key;
+mod options;
 
 use proc_macro::TokenStream;
 

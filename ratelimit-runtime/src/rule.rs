@@ -43,19 +43,12 @@ impl Algorithm {
 
     /// The name used in the attribute (`algorithm = fixed_window`) and in logs.
     pub const fn name(self) -> &'static str {
-        match self {
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingLog => "sliding_log",
-            Algorithm::SlidingWindow => "sliding_window",
-            Algorithm::TokenBucket => "token_bucket",
-            Algorithm::Gcra => "gcra",
-            Algorithm::Concurrency => "concurrency",
-        }
+        crate::algorithm::spec(self).name
     }
 
     /// Whether `burst` means something for this algorithm.
     pub const fn has_burst(self) -> bool {
-        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+        crate::algorithm::spec(self).burst
     }
 }
 

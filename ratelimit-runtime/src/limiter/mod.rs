@@ -25,7 +25,7 @@ use crate::backend::memory::MemoryBackend;
 #[cfg(feature = "redis")]
 use crate::backend::redis::RedisBackend;
 use crate::clock::Clock;
-use crate::{Algorithm, Decision, Error, OnError, Rule};
+use crate::{Decision, Error, OnError, Rule};
 #[cfg(feature = "redis")]
 use breaker::{Breaker, CircuitOpen, OverLimitCache};
 use permit::Lease;
@@ -194,7 +194,7 @@ impl RateLimiter {
     /// [`Error::InvalidCost`] if `cost` is 0 or over the rule's capacity (such
     /// a call could never pass), and as [`check`](RateLimiter::check).
     pub async fn check_cost(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
-        if rule.algorithm() == Algorithm::Concurrency {
+        if holds_leases(rule) {
             return Err(Error::PermitRequired);
         }
         let permit = self.acquire_with(rule, key, cost, self.on_error).await?;
@@ -243,7 +243,7 @@ impl RateLimiter {
         validate_cost(rule, cost)?;
         match &*self.store {
             Store::Memory(memory) => {
-                let decision = if rule.algorithm() == Algorithm::Concurrency {
+                let decision = if holds_leases(rule) {
                     let id = next_lease_id();
                     let decision = memory.acquire_now(rule, key, cost, id);
                     return Ok(self.permit(rule, key, cost, id, decision, false));
@@ -266,7 +266,7 @@ impl RateLimiter {
         decision: Decision,
         local: bool,
     ) -> Permit {
-        let lease = (rule.algorithm() == Algorithm::Concurrency && decision.allowed).then(|| {
+        let lease = (holds_leases(rule) && decision.allowed).then(|| {
             Box::new(Lease {
                 store: Arc::clone(&self.store),
                 rule: *rule,
@@ -294,7 +294,7 @@ impl RateLimiter {
     ) -> Result<Permit, Error> {
         #[cfg(not(feature = "redis"))]
         let _ = on_error; // only the Redis backend fails over
-        let concurrency = rule.algorithm() == Algorithm::Concurrency;
+        let concurrency = holds_leases(rule);
         let id = if concurrency { next_lease_id() } else { 0 };
         let (decision, held_by_insurance) = match &*self.store {
             Store::Memory(memory) => (memory.check_now(rule, key, cost), false),
@@ -353,6 +353,11 @@ impl RateLimiter {
         };
         Ok(self.permit(rule, key, cost, id, decision, held_by_insurance))
     }
+}
+
+/// Whether a call of `rule` holds its units until it ends (a lease).
+fn holds_leases(rule: &Rule) -> bool {
+    crate::algorithm::spec(rule.algorithm()).leases
 }
 
 fn validate_cost(rule: &Rule, cost: u64) -> Result<(), Error> {

@@ -2,13 +2,14 @@
 -- batch: many checks in one script run, each on its own key, each with its
 -- own rule; the server's clock is read once for all of them. Concurrent
 -- checks on one connection are coalesced into one of these (see
--- src/backend/redis.rs): one round trip and one script call carry many
+-- src/backend/redis/batch.rs): one round trip and one script call carry many
 -- checks, each still atomic (the whole script is).
 --
 -- KEYS     one key per check, then one per release
 -- ARGV[1]  the rules of the batch, 6 big-endian doubles each (packed: the
---          server parses no text): what (1-6: the algorithm, in the order
---          of Algorithm::ALL), count, burst, period (µs), now (µs; -1 = the
+--          server parses no text): the algorithm's op id (its place in
+--          the registry, src/algorithm/mod.rs, plus one; `run` below is
+--          written from it), count, burst, period (µs), now (µs; -1 = the
 --          server's TIME), and whether its checks carry a lease id (1|0)
 -- ARGV[2]  one byte per check: the number of its rule in ARGV[1]
 -- ARGV[3]  the costs, one big-endian double per check, then per release
@@ -29,7 +30,6 @@
 -- checks of a batch share a few rules.
 
 texts, aboves = {}, {}
-local run = {fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency}
 local packed, order, costs = ARGV[1], ARGV[2], ARGV[3]
 local checks, time = #order, nil
 local rules = {}

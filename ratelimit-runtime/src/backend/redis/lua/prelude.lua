@@ -10,7 +10,7 @@
 -- A script is bind.lua, this prelude, the algorithms it needs and a driver:
 -- single.lua (one check, the rule's own script) or batch.lua (many checks at
 -- once). The batch script is also loaded as a function library where the
--- server has functions (src/backend/redis.rs): there the prelude and the
+-- server has functions (src/backend/redis/scripts.rs): there the prelude and the
 -- algorithms run once, at load, and the driver at each call.
 
 -- The tables below (texts, aboves) hold what one script run made: each

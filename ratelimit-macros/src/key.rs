@@ -1,0 +1,244 @@
+//! Keys: the `key` template's `{param}` placeholders and the `by` subject,
+//! checked against the fn's parameters.
+
+use proc_macro2::TokenStream;
+use quote::{ToTokens, quote};
+use syn::{Expr, ExprCall, ExprLit, FnArg, Ident, ItemFn, Lit, LitStr, Pat};
+
+use crate::attr::RuleConfig;
+use crate::options::{Ctxt, is_ident};
+
+/// One piece of a key.
+pub(crate) enum Part {
+    /// Text used as written.
+    Text(String),
+    /// `module_path!()` (the default key).
+    ModulePath,
+    /// A value rendered with `Display`: a parameter, `self.field`, `arg(..)`.
+    Value(TokenStream),
+}
+
+/// Whose budget: added to the key.
+pub(crate) enum Subject {
+    Global,
+    Ip,
+    Header(String),
+}
+
+/// The fn's parameters that are plain names.
+pub(crate) fn param_names(func: &ItemFn) -> Vec<&Ident> {
+    func.sig
+        .inputs
+        .iter()
+        .filter_map(|arg| match arg {
+            FnArg::Typed(typed) => match &*typed.pat {
+                Pat::Ident(pat) => Some(&pat.ident),
+                _ => None,
+            },
+            FnArg::Receiver(_) => None,
+        })
+        .collect()
+}
+
+pub(crate) fn has_receiver(func: &ItemFn) -> bool {
+    matches!(func.sig.inputs.first(), Some(FnArg::Receiver(_)))
+}
+
+/// Splits `"login:{user}"` into text and values; `{{` and `}}` stand for
+/// literal braces (as in `format!`), `{self.field}` reads the receiver.
+pub(crate) fn key_template(lit: &LitStr, func: &ItemFn, parts: &mut Vec<Part>, cx: &mut Ctxt) {
+    let text = lit.value();
+    let params = param_names(func);
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '{' if chars.peek() == Some(&'{') => {
+                chars.next();
+                push_text(parts, "{");
+            }
+            '}' if chars.peek() == Some(&'}') => {
+                chars.next();
+                push_text(parts, "}");
+            }
+            '{' => {
+                let name: String = chars.by_ref().take_while(|&c| c != '}').collect();
+                let name = name.trim();
+                // Spanned at the key, so a type that is not `Display` is
+                // reported where it was used.
+                let span = lit.span();
+                if let Some(field) = name.strip_prefix("self.") {
+                    if !has_receiver(func) {
+                        cx.error(
+                            lit,
+                            format_args!("`{{{name}}}` in `key` needs a `self` parameter"),
+                        );
+                    } else if syn::parse_str::<Ident>(field).is_err() {
+                        cx.error(
+                            lit,
+                            format_args!(
+                                "`{{{name}}}` in `key`: write `{{self.field}}` with a field name"
+                            ),
+                        );
+                    } else {
+                        let field = Ident::new(field, span);
+                        let this = syn::Token![self](span);
+                        parts.push(Part::Value(quote!(#this.#field)));
+                    }
+                    continue;
+                }
+                match params.iter().find(|p| **p == name) {
+                    Some(param) => {
+                        let ident = Ident::new(&param.to_string(), span);
+                        parts.push(Part::Value(ident.into_token_stream()));
+                    }
+                    None => cx.error(lit, no_such_param(name, func, &params)),
+                }
+            }
+            '}' => cx.error(
+                lit,
+                "unmatched `}` in `key`: write `}}` for a literal brace",
+            ),
+            c => push_text(parts, c.encode_utf8(&mut [0; 4])),
+        }
+    }
+}
+
+pub(crate) fn push_text(parts: &mut Vec<Part>, text: &str) {
+    match parts.last_mut() {
+        Some(Part::Text(t)) => t.push_str(text),
+        _ => parts.push(Part::Text(text.to_owned())),
+    }
+}
+
+pub(crate) fn no_such_param(name: &str, func: &ItemFn, params: &[&Ident]) -> String {
+    let fn_name = &func.sig.ident;
+    if name.is_empty() {
+        return "empty placeholder `{}` in `key`: name a parameter, e.g. `{user_id}`, \
+                or write `{{}}` for literal braces"
+            .to_owned();
+    }
+    if params.is_empty() {
+        return format!(
+            "`{{{name}}}` in `key` names no parameter: `{fn_name}` has no named parameters"
+        );
+    }
+    let list = params
+        .iter()
+        .map(|p| format!("`{p}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("`{{{name}}}` in `key` names no parameter of `{fn_name}`; its parameters are {list}")
+}
+
+/// `global`, `ip`, `header("name")` or `arg(param)` (added to the key).
+pub(crate) fn subject(by: &Expr, func: &ItemFn, key: &mut Vec<Part>, cx: &mut Ctxt) -> Subject {
+    const HELP: &str = "`by` takes `global`, `ip`, `header(\"name\")` or `arg(parameter)`";
+    if is_ident(by, "global") {
+        return Subject::Global;
+    }
+    if is_ident(by, "ip") {
+        return Subject::Ip;
+    }
+    let Expr::Call(ExprCall {
+        func: callee, args, ..
+    }) = by
+    else {
+        cx.error_tokens(by, HELP);
+        return Subject::Global;
+    };
+    let single = (args.len() == 1).then(|| &args[0]);
+    if is_ident(callee, "header") {
+        match single {
+            Some(Expr::Lit(ExprLit {
+                lit: Lit::Str(name),
+                ..
+            })) if is_header_name(&name.value()) => {
+                return Subject::Header(name.value().to_ascii_lowercase());
+            }
+            Some(other) => cx.error(
+                other,
+                "`header(..)` takes a header name, e.g. `header(\"x-api-key\")`",
+            ),
+            None => cx.error_tokens(
+                by,
+                "`header(..)` takes a header name, e.g. `header(\"x-api-key\")`",
+            ),
+        }
+        return Subject::Global;
+    }
+    if is_ident(callee, "arg") {
+        match single {
+            Some(Expr::Path(p)) if p.qself.is_none() && p.path.get_ident().is_some() => {
+                let name = p.path.get_ident().expect("checked");
+                let params = param_names(func);
+                if params.contains(&name) {
+                    push_text(key, &format!(":arg:{name}:"));
+                    key.push(Part::Value(name.to_token_stream()));
+                } else {
+                    let list = params
+                        .iter()
+                        .map(|p| format!("`{p}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    let which = if list.is_empty() {
+                        format!("`{}` has no named parameters", func.sig.ident)
+                    } else {
+                        format!("its parameters are {list}")
+                    };
+                    cx.error(
+                        name,
+                        format_args!(
+                            "`arg({name})` names no parameter of `{}`; {which}",
+                            func.sig.ident
+                        ),
+                    );
+                }
+            }
+            Some(other) => cx.error_tokens(
+                other,
+                "`arg(..)` takes a parameter name, e.g. `arg(user_id)`",
+            ),
+            None => cx.error_tokens(by, "`arg(..)` takes a parameter name, e.g. `arg(user_id)`"),
+        }
+        return Subject::Global;
+    }
+    cx.error_tokens(by, HELP);
+    Subject::Global
+}
+
+pub(crate) fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// What makes two rules' keys the same budget.
+pub(crate) fn key_identity(rule: &RuleConfig) -> String {
+    let mut identity = String::new();
+    for part in &rule.key {
+        match part {
+            Part::Text(text) => identity.push_str(text),
+            Part::ModulePath => identity.push_str("{module}"),
+            Part::Value(tokens) => identity.push_str(&format!("{{{tokens}}}")),
+        }
+    }
+    match &rule.subject {
+        Subject::Global => {}
+        Subject::Ip => identity.push_str(":ip"),
+        Subject::Header(name) => identity.push_str(&format!(":header:{name}")),
+    }
+    identity
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_names() {
+        assert!(is_header_name("x-api-key"));
+        assert!(!is_header_name("x api key"));
+        assert!(!is_header_name(""));
+    }
+}

@@ -1,0 +1,67 @@
+//! Concurrency: at most `count` units held at once, each by a lease released
+//! when its call ends or `period` after it was taken.
+
+use super::{Lease, Outcome, State};
+use crate::Rule;
+
+/// Takes `cost` units of a concurrency rule for lease `id` until
+/// `now + period`, unless released sooner.
+pub(crate) fn acquire(
+    slot: &mut Option<State>,
+    rule: &Rule,
+    now: u64,
+    cost: u64,
+    id: u64,
+) -> Outcome {
+    let count = rule.count();
+    if !matches!(slot, Some(State::Concurrency(_))) {
+        *slot = Some(State::Concurrency(Vec::new()));
+    }
+    let Some(State::Concurrency(leases)) = slot else {
+        unreachable!("set just above")
+    };
+    leases.retain(|lease| lease.expires > now);
+    let held: u64 = leases.iter().map(|l| l.cost).sum();
+    let allowed = held + cost <= count;
+    if allowed {
+        leases.push(Lease {
+            id,
+            expires: now + rule.period_us(),
+            cost,
+        });
+    }
+    let held = if allowed { held + cost } else { held };
+    let remaining = count.saturating_sub(held);
+    let retry_after_us = if remaining >= cost {
+        0
+    } else {
+        // Leases expire in the order taken; the one holding unit number
+        // `held + cost - count` (1-based) must go first.
+        let mut units = 0;
+        leases
+            .iter()
+            .find(|lease| {
+                units += lease.cost;
+                units >= held + cost - count
+            })
+            .map_or(0, |lease| lease.expires - now)
+    };
+    Outcome {
+        allowed,
+        remaining,
+        reset_after_us: leases.iter().map(|l| l.expires - now).max().unwrap_or(0),
+        retry_after_us,
+    }
+}
+
+/// Gives back lease `id`'s units.
+pub(crate) fn release(slot: &mut Option<State>, id: u64) {
+    if let Some(State::Concurrency(leases)) = slot {
+        leases.retain(|lease| lease.id != id);
+    }
+}
+
+/// A check with no lease to give back: the units expire after `period`.
+pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) -> Outcome {
+    acquire(slot, rule, now, cost, 0)
+}

@@ -1,0 +1,33 @@
+//! Fixed window: a counter that starts at a key's first call and ends
+//! `period` later; refused calls do not count.
+
+use super::{Outcome, State};
+use crate::Rule;
+
+pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) -> Outcome {
+    let count = rule.count();
+    let (used, ends) = match *slot {
+        Some(State::FixedWindow { used, ends }) if now < ends => (used, ends),
+        _ => (0, now + rule.period_us()),
+    };
+    let reset = ends - now;
+    if used + cost > count {
+        return Outcome {
+            allowed: false,
+            remaining: count.saturating_sub(used),
+            reset_after_us: reset,
+            retry_after_us: reset,
+        };
+    }
+    *slot = Some(State::FixedWindow {
+        used: used + cost,
+        ends,
+    });
+    let remaining = count - used - cost;
+    Outcome {
+        allowed: true,
+        remaining,
+        reset_after_us: reset,
+        retry_after_us: if remaining >= cost { 0 } else { reset },
+    }
+}

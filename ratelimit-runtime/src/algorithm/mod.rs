@@ -1,0 +1,376 @@
+//! Every algorithm as a pure state machine on integer microseconds, and the
+//! [`REGISTRY`]: the one table that names each algorithm, says whether it
+//! takes a burst or holds leases, and gives its state machine (run by the
+//! in-memory backend) and its Lua function (run by Redis). Both give the same
+//! decisions for the same calls and times; the equivalence tests hold them
+//! side by side.
+//!
+//! Token counts of the bucket algorithms are fixed point with `period_us`
+//! units per token, so refilling at `count` per `period` adds exactly
+//! `count` units per microsecond and nothing is ever rounded. Every product
+//! stays below 2^53 (see [`Rule::MAX_BURST_PERIOD_US`]), where Lua's doubles
+//! are still exact integers.
+
+use std::time::Duration;
+
+mod concurrency;
+mod fixed_window;
+mod gcra;
+mod sliding_log;
+mod sliding_window;
+mod token_bucket;
+
+pub(crate) use concurrency::{acquire, release};
+pub(crate) use sliding_log::Log;
+
+use crate::{Algorithm, Decision, Rule};
+
+/// What one check found, in microseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Outcome {
+    pub(crate) allowed: bool,
+    pub(crate) remaining: u64,
+    pub(crate) reset_after_us: u64,
+    pub(crate) retry_after_us: u64,
+}
+
+impl Outcome {
+    pub(crate) fn decision(self, rule: &Rule) -> Decision {
+        Decision {
+            allowed: self.allowed,
+            limit: rule.count(),
+            remaining: self.remaining,
+            reset_after: Duration::from_micros(self.reset_after_us),
+            retry_after: Duration::from_micros(self.retry_after_us),
+        }
+    }
+}
+
+/// A concurrency lease: `cost` units held until `expires` unless released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Lease {
+    pub(crate) id: u64,
+    pub(crate) expires: u64,
+    pub(crate) cost: u64,
+}
+
+/// What one key holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum State {
+    FixedWindow {
+        used: u64,
+        ends: u64,
+    },
+    /// Call times, oldest first; one entry per unit of cost.
+    SlidingLog(Log),
+    SlidingWindow {
+        start: u64,
+        cur: u64,
+        prev: u64,
+    },
+    /// `tokens` in fixed point: `period_us` units per token.
+    TokenBucket {
+        tokens: u64,
+        last: u64,
+    },
+    /// The theoretical arrival time `tat + rem / count` µs.
+    Gcra {
+        tat: u64,
+        rem: u64,
+    },
+    /// Leases, in the order they were taken (so by expiry).
+    Concurrency(Vec<Lease>),
+}
+
+impl State {
+    /// When this state is worth nothing any more (the key can be dropped).
+    pub(crate) fn expires_at(&self, rule: &Rule) -> u64 {
+        let period = rule.period_us();
+        match self {
+            State::FixedWindow { ends, .. } => *ends,
+            State::SlidingLog(log) => log.back().map_or(0, |newest| newest + period),
+            State::SlidingWindow { start, .. } => start + 2 * period,
+            State::TokenBucket { tokens, last } => {
+                last + (rule.burst() * period - tokens).div_ceil(rule.count())
+            }
+            State::Gcra { tat, rem } => tat + u64::from(*rem > 0),
+            State::Concurrency(leases) => leases.iter().map(|l| l.expires).max().unwrap_or(0),
+        }
+    }
+}
+
+/// One algorithm, as every part of the crate knows it.
+#[derive(Debug)]
+pub(crate) struct Spec {
+    pub(crate) algorithm: Algorithm,
+    /// Its name: in the attribute (`algorithm = gcra`), in logs, and as its
+    /// Lua function's name.
+    pub(crate) name: &'static str,
+    /// Whether `burst` means something for it.
+    pub(crate) burst: bool,
+    /// Whether a call holds its units until it ends (a lease to release).
+    pub(crate) leases: bool,
+    /// Its state machine: checks and consumes `cost` units at `now` (µs).
+    pub(crate) check: fn(&mut Option<State>, &Rule, u64, u64) -> Outcome,
+    /// Its Lua source, defining `local function <name>(key, now, slack,
+    /// count, burst, period, cost, id)` for the Redis scripts.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) lua: &'static str,
+}
+
+macro_rules! lua {
+    ($name:literal) => {
+        include_str!(concat!("../backend/redis/lua/", $name, ".lua"))
+    };
+}
+
+/// Every algorithm, in the order of [`Algorithm::ALL`] (checked below): its
+/// place is its op id on the Redis wire (place + 1). Adding an algorithm is
+/// a variant of [`Algorithm`], a Rust file and a Lua file, and a line here.
+pub(crate) const REGISTRY: [Spec; 6] = [
+    Spec {
+        algorithm: Algorithm::FixedWindow,
+        name: "fixed_window",
+        burst: false,
+        leases: false,
+        check: fixed_window::check,
+        lua: lua!("fixed_window"),
+    },
+    Spec {
+        algorithm: Algorithm::SlidingLog,
+        name: "sliding_log",
+        burst: false,
+        leases: false,
+        check: sliding_log::check,
+        lua: lua!("sliding_log"),
+    },
+    Spec {
+        algorithm: Algorithm::SlidingWindow,
+        name: "sliding_window",
+        burst: false,
+        leases: false,
+        check: sliding_window::check,
+        lua: lua!("sliding_window"),
+    },
+    Spec {
+        algorithm: Algorithm::TokenBucket,
+        name: "token_bucket",
+        burst: true,
+        leases: false,
+        check: token_bucket::check,
+        lua: lua!("token_bucket"),
+    },
+    Spec {
+        algorithm: Algorithm::Gcra,
+        name: "gcra",
+        burst: true,
+        leases: false,
+        check: gcra::check,
+        lua: lua!("gcra"),
+    },
+    Spec {
+        algorithm: Algorithm::Concurrency,
+        name: "concurrency",
+        burst: false,
+        leases: true,
+        check: concurrency::check,
+        lua: lua!("concurrency"),
+    },
+];
+
+// Each algorithm's place in the registry is its place in `Algorithm::ALL`
+// and its discriminant, so `spec` is an index.
+const _: () = {
+    assert!(REGISTRY.len() == Algorithm::ALL.len());
+    let mut i = 0;
+    while i < REGISTRY.len() {
+        assert!(REGISTRY[i].algorithm as usize == i);
+        assert!(Algorithm::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
+/// The registry's entry of `algorithm`.
+pub(crate) const fn spec(algorithm: Algorithm) -> &'static Spec {
+    &REGISTRY[algorithm as usize]
+}
+
+/// Checks and consumes `cost` units at time `now` (µs). `slot` is the key's
+/// state (`None`: nothing stored); it is left alone when the call is refused.
+///
+/// `cost` is between 1 and `rule.capacity()`. A concurrency check takes a
+/// lease that is never released: use [`acquire`] for those.
+pub(crate) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) -> Outcome {
+    (spec(rule.algorithm()).check)(slot, rule, now, cost)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use super::sliding_log::INLINE_LOG;
+    use super::*;
+
+    const S: u64 = 1_000_000;
+
+    fn run(rule: &Rule, calls: &[(u64, u64)]) -> Vec<Outcome> {
+        let mut slot = None;
+        calls
+            .iter()
+            .map(|&(now, cost)| check(&mut slot, rule, now, cost))
+            .collect()
+    }
+
+    fn allowed(outcomes: &[Outcome]) -> Vec<bool> {
+        outcomes.iter().map(|o| o.allowed).collect()
+    }
+
+    #[test]
+    fn sliding_log_counts_calls_in_any_period() {
+        let rule = Rule::sliding_log(2, Duration::from_secs(1));
+        let out = run(
+            &rule,
+            &[(0, 1), (S / 2, 1), (S - 1, 1), (S, 1), (S + S / 2, 1)],
+        );
+        assert_eq!(allowed(&out), [true, true, false, true, true]);
+        assert_eq!(
+            out[2].retry_after_us, 1,
+            "the first call leaves the window at 1 s"
+        );
+        assert_eq!(out[1].reset_after_us, S);
+    }
+
+    #[test]
+    fn a_log_keeps_its_order_in_place_and_on_the_heap() {
+        // Pushes and pops in every mix of lengths around the inline
+        // capacity, held against a plain VecDeque.
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut log = Log::default();
+        let mut plain = VecDeque::new();
+        let mut spilled = false;
+        for t in 0..4000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if x.is_multiple_of(3) {
+                log.pop_front();
+                plain.pop_front();
+            } else {
+                let n = (x >> 8) as usize % (INLINE_LOG + 2);
+                log.push(t, n);
+                plain.extend(std::iter::repeat_n(t, n));
+            }
+            if t.is_multiple_of(8) {
+                // Back to an empty log, inline again: short runs try every
+                // mix of pushes and pops in place.
+                log = Log::default();
+                plain.clear();
+            }
+            assert_eq!(log.len(), plain.len(), "at {t}");
+            assert_eq!(log.front(), plain.front().copied(), "at {t}");
+            assert_eq!(log.back(), plain.back().copied(), "at {t}");
+            for (i, &time) in plain.iter().enumerate() {
+                assert_eq!(log.get(i), time, "at {t}");
+            }
+            spilled |= matches!(log, Log::Heap(_));
+        }
+        assert!(spilled, "some runs spilled to the heap");
+    }
+
+    #[test]
+    fn a_sliding_log_past_its_inline_calls_counts_them_all() {
+        let rule = Rule::sliding_log(5, Duration::from_secs(1));
+        let out = run(
+            &rule,
+            &[(0, 1), (1, 1), (2, 2), (3, 1), (4, 1), (S, 1), (S + 2, 3)],
+        );
+        assert_eq!(allowed(&out), [true, true, true, true, false, true, true]);
+        assert_eq!(out[3].remaining, 0);
+        assert_eq!(out[4].retry_after_us, S - 4, "the first call leaves at 1 s");
+        assert_eq!(
+            out[6].remaining, 0,
+            "the calls at 1 and 2 µs left, 3 more fit"
+        );
+        assert_eq!(out[6].reset_after_us, S);
+    }
+
+    #[test]
+    fn sliding_window_weighs_the_previous_window() {
+        let rule = Rule::sliding_window(10, Duration::from_secs(1));
+        let mut slot = None;
+        for _ in 0..10 {
+            assert!(check(&mut slot, &rule, S / 2, 1).allowed);
+        }
+        // A quarter into the next window the previous one still weighs 7.5 -> 7.
+        let o = check(&mut slot, &rule, S + S / 4, 1);
+        assert!(o.allowed);
+        assert_eq!(o.remaining, 2);
+        let o = check(&mut slot, &rule, S + S / 4, 3);
+        assert!(!o.allowed);
+        // 3 more fit once the previous window weighs at most 10 - 3 - 1 = 6:
+        // just past 0.3 s into the window (at exactly 0.3 s it weighs 7).
+        assert_eq!(o.retry_after_us, 3 * S / 10 + 1 - S / 4);
+        assert!(!check(&mut slot, &rule, S + 3 * S / 10, 3).allowed);
+        assert!(check(&mut slot, &rule, S + 3 * S / 10 + 1, 3).allowed);
+    }
+
+    #[test]
+    fn token_bucket_starts_full_and_refills_continuously() {
+        let rule = Rule::token_bucket(3, Duration::from_secs(1)).with_burst(6);
+        let mut slot = None;
+        let o = check(&mut slot, &rule, 0, 6);
+        assert!(o.allowed);
+        assert_eq!(o.remaining, 0);
+        assert_eq!(o.reset_after_us, 2 * S);
+        let o = check(&mut slot, &rule, 0, 1);
+        assert!(!o.allowed);
+        assert_eq!(o.retry_after_us, 333_334, "a third of a second, rounded up");
+        assert!(!check(&mut slot, &rule, 333_333, 1).allowed);
+        assert!(check(&mut slot, &rule, 333_334, 1).allowed);
+    }
+
+    #[test]
+    fn gcra_and_token_bucket_agree() {
+        let mut now = 0;
+        let calls: Vec<(u64, u64)> = (0..500u64)
+            .map(|i| {
+                now += i * 7_919 % 50_000;
+                (now, 1 + i % 3)
+            })
+            .collect();
+        let tb = Rule::token_bucket(7, Duration::from_millis(300)).with_burst(5);
+        let gc = Rule::gcra(7, Duration::from_millis(300)).with_burst(5);
+        assert_eq!(run(&tb, &calls), run(&gc, &calls));
+    }
+
+    #[test]
+    fn gcra_retry_after_is_exact() {
+        let rule = Rule::gcra(3, Duration::from_secs(1));
+        let mut slot = None;
+        for _ in 0..3 {
+            assert!(check(&mut slot, &rule, 0, 1).allowed);
+        }
+        let o = check(&mut slot, &rule, 0, 1);
+        assert_eq!(o.retry_after_us, 333_334);
+        assert!(!check(&mut slot, &rule, o.retry_after_us - 1, 1).allowed);
+        assert!(check(&mut slot, &rule, o.retry_after_us, 1).allowed);
+    }
+
+    #[test]
+    fn concurrency_leases_are_released_or_expire() {
+        let rule = Rule::concurrency(2, Duration::from_secs(10));
+        let mut slot = None;
+        assert!(acquire(&mut slot, &rule, 0, 1, 1).allowed);
+        assert!(acquire(&mut slot, &rule, 0, 1, 2).allowed);
+        let o = acquire(&mut slot, &rule, 5, 1, 3);
+        assert!(!o.allowed);
+        assert_eq!(o.retry_after_us, 10 * S - 5);
+        release(&mut slot, 1);
+        assert!(acquire(&mut slot, &rule, 6, 1, 4).allowed);
+        assert!(!acquire(&mut slot, &rule, 7, 1, 5).allowed);
+        assert!(
+            acquire(&mut slot, &rule, 10 * S, 1, 6).allowed,
+            "lease 2 expired"
+        );
+    }
+}

@@ -1,0 +1,42 @@
+//! Token bucket: `burst` tokens, refilled continuously at `count` per
+//! `period`, starting full.
+
+use super::{Outcome, State};
+use crate::Rule;
+
+pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) -> Outcome {
+    let (count, period) = (rule.count(), rule.period_us());
+    let capacity = rule.burst() * period;
+    let (tokens, last) = match *slot {
+        // `min`: kept under a larger burst, before the rule was changed.
+        Some(State::TokenBucket { tokens, last }) => (tokens.min(capacity), last),
+        _ => (capacity, now),
+    };
+    let elapsed = now.saturating_sub(last);
+    let tokens = if elapsed >= (capacity - tokens).div_ceil(count) {
+        capacity
+    } else {
+        tokens + elapsed * count
+    };
+    let need = cost * period;
+    let allowed = tokens >= need;
+    let tokens = if allowed {
+        *slot = Some(State::TokenBucket {
+            tokens: tokens - need,
+            last: now,
+        });
+        tokens - need
+    } else {
+        tokens
+    };
+    Outcome {
+        allowed,
+        remaining: tokens / period,
+        reset_after_us: (capacity - tokens).div_ceil(count),
+        retry_after_us: if tokens >= need {
+            0
+        } else {
+            (need - tokens).div_ceil(count)
+        },
+    }
+}

@@ -1,0 +1,223 @@
+//! The connection: one multiplexed connection (or cluster connection)
+//! shared by all tasks, made again after a failure; script calls that
+//! reload a script or library the server lost.
+
+use std::ops::Deref;
+use std::sync::PoisonError;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
+
+use super::scripts::{Library, Scripts};
+use super::within;
+use crate::Error;
+
+/// Counts one script call on its way while it lives.
+pub(super) struct Busy<T: Deref<Target = AtomicUsize>>(T);
+
+impl<T: Deref<Target = AtomicUsize>> Busy<T> {
+    pub(super) fn enter(counter: T) -> Busy<T> {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Busy(counter)
+    }
+}
+
+impl<T: Deref<Target = AtomicUsize>> Drop for Busy<T> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Where to connect, and the connection once made.
+pub(super) struct Conn {
+    pub(super) target: Target,
+    /// The connection, once made (made again after [`Conn::forget`]).
+    pub(super) live: std::sync::RwLock<Option<Live>>,
+    /// Held while connecting: one attempt at a time.
+    pub(super) connecting: tokio::sync::Mutex<()>,
+    /// Whether an attempt to connect goes on in a task of its own, after
+    /// the checks that started it ran out of time (one such task at most).
+    pub(super) finishing: AtomicBool,
+    pub(super) timeout: Duration,
+    pub(super) connect_timeout: Duration,
+    /// Whether to load the batch script as a function library (asked for,
+    /// and coalescing on one server).
+    pub(super) try_functions: bool,
+    /// Whether batches go by `FCALL` (the library is loaded) or `EVALSHA`.
+    pub(super) functions: AtomicBool,
+}
+
+pub(super) enum Target {
+    Single(redis::Client),
+    // Boxed: a cluster client is twice a plain one, and both live once per limiter.
+    Cluster(Box<ClusterClient>),
+}
+
+#[derive(Clone)]
+pub(super) enum Live {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Live {
+    pub(super) async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> Result<T, RedisError> {
+        match self {
+            Live::Single(conn) => cmd.query_async(conn).await,
+            Live::Cluster(conn) => cmd.query_async(conn).await,
+        }
+    }
+
+    pub(super) async fn load(&mut self, script: &Script) -> Result<(), RedisError> {
+        match self {
+            Live::Single(conn) => script.load_async(conn).await.map(drop),
+            Live::Cluster(conn) => script.load_async(conn).await.map(drop),
+        }
+    }
+
+    /// Loads the library and calls its function once with an empty batch
+    /// (which answers nothing): a user may be allowed `FUNCTION` but not
+    /// `FCALL`.
+    pub(super) async fn load_library(&mut self, library: &Library) -> Result<(), RedisError> {
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg("REPLACE").arg(&library.source);
+        self.query::<String>(&load).await?;
+        let mut probe = redis::cmd("FCALL");
+        probe
+            .arg(&library.function)
+            .arg(0)
+            .arg("")
+            .arg("")
+            .arg("")
+            .arg(0);
+        self.query::<Vec<u8>>(&probe).await.map(drop)
+    }
+}
+
+/// Whether `error` says the function called is not loaded (the server
+/// restarted, or its functions were flushed).
+pub(super) fn function_missing(error: &RedisError) -> bool {
+    error
+        .detail()
+        .is_some_and(|detail| detail.starts_with("Function not found"))
+}
+
+/// The head of a script call: `FCALL` of the library's function `name`, or
+/// `EVALSHA` of `script`.
+pub(super) fn script_call(function: bool, name: &str, script: &Script) -> Cmd {
+    let mut cmd;
+    if function {
+        cmd = redis::cmd("FCALL");
+        cmd.arg(name);
+    } else {
+        cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash());
+    }
+    cmd
+}
+
+/// One script call: an `FCALL` of the library's function (`call(true)`)
+/// where the library is loaded, else an `EVALSHA` of `script`
+/// (`call(false)`). A library the server lost (a restart, `FUNCTION FLUSH`)
+/// is loaded again and the call sent once more; one that cannot be loaded
+/// now (Redis replaced by an older one, an ACL change) leaves scripts in use
+/// from then on. A script the server lost (`NOSCRIPT`) is loaded again and
+/// the call sent once more.
+pub(super) async fn call_script<T: FromRedisValue>(
+    live: &mut Live,
+    conn: &Conn,
+    scripts: &Scripts,
+    script: &Script,
+    call: impl Fn(bool) -> Cmd,
+) -> Result<T, RedisError> {
+    if conn.functions.load(Ordering::Relaxed) {
+        let cmd = call(true);
+        match live.query(&cmd).await {
+            Err(e) if function_missing(&e) => {
+                if live.load_library(&scripts.library).await.is_ok() {
+                    return live.query(&cmd).await;
+                }
+                conn.functions.store(false, Ordering::Relaxed);
+            }
+            reply => return reply,
+        }
+    }
+    let cmd = call(false);
+    match live.query(&cmd).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            live.load(script).await?;
+            live.query(&cmd).await
+        }
+        reply => reply,
+    }
+}
+
+impl Conn {
+    /// The connection, made now if it was not yet (one attempt, bounded by
+    /// the connect timeout).
+    pub(super) async fn get(&self, scripts: &Scripts) -> Result<Live, Error> {
+        if let Some(live) = self.current() {
+            return Ok(live);
+        }
+        // Boxed: connecting is rare and its future is large; inline, it would
+        // make every check's future (and every move of it) kilobytes bigger.
+        let connect = Box::pin(async {
+            let _one_attempt = self.connecting.lock().await;
+            if let Some(live) = self.current() {
+                return Ok(live);
+            }
+            let live = self.connect(scripts).await.map_err(Error::backend)?;
+            *self.live.write().unwrap_or_else(PoisonError::into_inner) = Some(live.clone());
+            Ok(live)
+        });
+        within(self.connect_timeout, connect).await
+    }
+
+    pub(super) fn current(&self) -> Option<Live> {
+        self.live
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Drops a cluster connection that `error` says is gone, so that the next
+    /// call connects again. Its task ended (with the runtime the limiter was
+    /// built on, or its nodes all gone) and it does not come back by itself;
+    /// a single server's connection manager reconnects on its own.
+    pub(super) fn forget(&self, error: &RedisError) {
+        if matches!(self.target, Target::Cluster(_)) && error.is_connection_dropped() {
+            *self.live.write().unwrap_or_else(PoisonError::into_inner) = None;
+        }
+    }
+
+    pub(super) async fn connect(&self, scripts: &Scripts) -> Result<Live, RedisError> {
+        let mut live = match &self.target {
+            Target::Single(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_response_timeout(Some(self.timeout))
+                    .set_number_of_retries(2)
+                    .set_max_delay(Duration::from_secs(1));
+                Live::Single(client.get_connection_manager_with_config(config).await?)
+            }
+            Target::Cluster(client) => Live::Cluster(client.get_async_connection().await?),
+        };
+        for script in scripts.all() {
+            live.load(script).await?;
+        }
+        if self.try_functions {
+            // Redis before 7, or a user whose ACL denies FUNCTION: the
+            // batch script goes by EVALSHA.
+            match live.load_library(&scripts.library).await {
+                Ok(()) => self.functions.store(true, Ordering::Relaxed),
+                Err(error) => {
+                    tracing::debug!(%error, "no function library; batches go by EVALSHA")
+                }
+            }
+        }
+        Ok(live)
+    }
+}

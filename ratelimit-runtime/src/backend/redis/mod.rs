@@ -1,0 +1,593 @@
+//! Redis and Redis Cluster: every check is one Lua script run by `EVALSHA`
+//! on one multiplexed connection (or one cluster connection) shared by all
+//! tasks. On one server, checks that wait at the same moment are coalesced
+//! into one script call (see [`ConnectOptions::coalesce`]), and the scripts
+//! are `FCALL`s of a function library where the server allows it
+//! ([`ConnectOptions::functions`]).
+
+mod batch;
+mod connection;
+mod scripts;
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{self, AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use redis::RedisError;
+use redis::cluster::ClusterClient;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+pub use scripts::lua_source;
+
+use super::Backend;
+use crate::algorithm::Outcome;
+use crate::{Decision, Error, Rule};
+use batch::{Answer, Batching, Job, Op, answered, send_batch};
+use connection::{Busy, Conn, Target, call_script, script_call};
+use scripts::Scripts;
+
+/// How long one check may wait for Redis before it counts as failed.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// How long connecting (and loading the scripts) may take.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Budgets kept in Redis or Redis Cluster, shared by every instance of the
+/// application.
+///
+/// One script per algorithm (in `src/scripts/`), each touching exactly one key
+/// (so every check runs on one cluster slot) and using the Redis server's
+/// clock (`TIME`, in µs); every write sets a TTL no longer than the state
+/// matters. Scripts are loaded on every node when connecting and reloaded if
+/// a node answers `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`).
+/// Cheap to clone: clones share the connection, which reconnects in the
+/// background after a failure. Every call has a deadline.
+///
+/// On a single server, checks are coalesced: while a script call is on its
+/// way, the checks that arrive meanwhile wait in a queue and go together in
+/// the next call, one call of a batch script (`FCALL` of it as a function
+/// library where the server allows it, else `EVALSHA`) that runs each check in
+/// turn on its own key (each as atomic as alone; they share the server's
+/// clock reading). A check that finds nothing on its way goes at once, alone,
+/// so nothing waits when Redis keeps up; under load one round trip and one
+/// script call carry many checks.
+#[derive(Clone)]
+pub struct RedisBackend {
+    conn: Arc<Conn>,
+    scripts: Arc<Scripts>,
+    timeout: Duration,
+    /// The task that sends coalesced checks, and its queue (single server).
+    batching: Option<Batching>,
+    /// Script calls on their way (checks sent alone, and batches).
+    busy: Arc<AtomicUsize>,
+    /// Queue every check, even when nothing is on its way (tests).
+    always_queue: bool,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.conn.target {
+            Target::Single(_) => "single node",
+            Target::Cluster(_) => "cluster",
+        };
+        f.debug_struct("RedisBackend")
+            .field("kind", &kind)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a [`RedisBackend`] connects.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectOptions {
+    /// The deadline of every check.
+    pub timeout: Duration,
+    /// How long connecting (and loading the scripts) may take.
+    pub connect_timeout: Duration,
+    /// Start even if Redis cannot be reached; connect on first use.
+    pub lazy: bool,
+    /// Coalesce checks that wait at the same moment into one script call
+    /// (single server only; a cluster spreads keys over slots, so every
+    /// check there is its own call). On by default.
+    pub coalesce: bool,
+    /// Load the scripts as a function library (Redis 7 and later): batches,
+    /// and checks and releases that go alone, are then `FCALL`s of it, which
+    /// cost the server about 1-2 µs less a call than `EVALSHA`. On by
+    /// default, with coalescing; where the server has no functions, or the
+    /// user may not load them, calls go by `EVALSHA`. Nothing is loaded
+    /// without coalescing (or on a cluster), where every check is one
+    /// `EVALSHA`. The library (`ratelimit_<version>`) stays in Redis like any
+    /// function: `FUNCTION DELETE` removes it.
+    pub functions: bool,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            lazy: false,
+            coalesce: true,
+            functions: true,
+        }
+    }
+}
+
+impl RedisBackend {
+    /// Connects to the Redis server at `url` (`redis://host:port/db`) with the
+    /// default timeouts, and loads the scripts.
+    pub async fn connect(url: &str) -> Result<RedisBackend, Error> {
+        RedisBackend::connect_with(url, DEFAULT_TIMEOUT, DEFAULT_CONNECT_TIMEOUT).await
+    }
+
+    /// Connects with a per-check `timeout` and a `connect_timeout`, and loads
+    /// the scripts.
+    pub async fn connect_with(
+        url: &str,
+        timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Result<RedisBackend, Error> {
+        RedisBackend::open(
+            url,
+            ConnectOptions {
+                timeout,
+                connect_timeout,
+                ..ConnectOptions::default()
+            },
+        )
+        .await
+    }
+
+    /// Connects to one Redis server.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a malformed URL; [`Error::Backend`] if Redis
+    /// cannot be reached within the connect timeout (unless `lazy`).
+    pub async fn open(url: &str, options: ConnectOptions) -> Result<RedisBackend, Error> {
+        let client = redis::Client::open(url)
+            .map_err(|e| Error::Config(format!("bad Redis URL {url:?}: {e}")))?;
+        RedisBackend::start(Target::Single(client), options).await
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes (`urls`).
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](RedisBackend::open).
+    pub async fn open_cluster(
+        urls: &[String],
+        options: ConnectOptions,
+    ) -> Result<RedisBackend, Error> {
+        let client = ClusterClient::builder(urls.iter().map(String::as_str))
+            .connection_timeout(options.connect_timeout)
+            .response_timeout(options.timeout)
+            .build()
+            .map_err(|e| Error::Config(format!("bad Redis Cluster URLs {urls:?}: {e}")))?;
+        RedisBackend::start(Target::Cluster(Box::new(client)), options).await
+    }
+
+    async fn start(target: Target, options: ConnectOptions) -> Result<RedisBackend, Error> {
+        let coalesce = options.coalesce && matches!(target, Target::Single(_));
+        let mut backend = RedisBackend {
+            conn: Arc::new(Conn {
+                target,
+                live: std::sync::RwLock::new(None),
+                connecting: tokio::sync::Mutex::new(()),
+                finishing: AtomicBool::new(false),
+                timeout: options.timeout,
+                connect_timeout: options.connect_timeout,
+                // Without coalescing every check is its own `EVALSHA`.
+                try_functions: options.functions && coalesce,
+                functions: AtomicBool::new(false),
+            }),
+            scripts: Arc::new(Scripts::new()),
+            timeout: options.timeout,
+            batching: None,
+            busy: Arc::new(AtomicUsize::new(0)),
+            always_queue: false,
+        };
+        if coalesce {
+            let (queue, jobs) = mpsc::unbounded_channel();
+            let batching = Batching {
+                queue,
+                jobs: Arc::new(tokio::sync::Mutex::new(jobs)),
+                running: Arc::new(AtomicBool::new(false)),
+                home: Arc::default(),
+            };
+            batching.ensure_running(&backend);
+            backend.batching = Some(batching);
+        }
+        match backend.conn.get(&backend.scripts).await {
+            Ok(_) => Ok(backend),
+            Err(error) if options.lazy => {
+                tracing::warn!(%error, "Redis cannot be reached; starting degraded, will connect on use");
+                Ok(backend)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Runs the rule's script: one round trip (two after a `NOSCRIPT`).
+    /// `now` (µs) replaces the server's clock, for tests only; `lease` is the
+    /// lease id of a concurrency rule.
+    async fn eval(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        now: Option<u64>,
+        lease: Option<u64>,
+    ) -> Result<Decision, Error> {
+        let [allowed, remaining, reset_us, retry_us] = match self.queue_for_now() {
+            Some(batching) => {
+                let deadline = Instant::now() + self.timeout;
+                let op = Op::Check(rule.algorithm());
+                let job = Job::new(op, rule, key, cost, now, lease, deadline);
+                self.queued(batching, job).await?
+            }
+            None => {
+                let _busy = Busy::enter(&*self.busy);
+                self.alone(rule, key, cost, now, lease).await?
+            }
+        };
+        let micros = |n: i64| u64::try_from(n).unwrap_or(0);
+        Ok(Outcome {
+            allowed: allowed == 1,
+            remaining: micros(remaining),
+            reset_after_us: micros(reset_us),
+            retry_after_us: micros(retry_us),
+        }
+        .decision(rule))
+    }
+
+    /// The batching, if this call should join the next batch: when
+    /// coalescing and a script call is already on its way.
+    fn queue_for_now(&self) -> Option<&Batching> {
+        let batching = self.batching.as_ref()?;
+        if self.always_queue || self.busy.load(Ordering::Relaxed) > 0 {
+            Some(batching)
+        } else {
+            None
+        }
+    }
+
+    /// Every check joins a batch, even when nothing is on its way (for
+    /// tests of the batch script; without it, checks made one after another
+    /// each go alone).
+    #[doc(hidden)]
+    pub fn batch_every_check(mut self) -> RedisBackend {
+        self.always_queue = true;
+        self
+    }
+
+    /// Queues a check (or release) for the next batch and waits for its
+    /// answer, within the deadline.
+    async fn queued(
+        &self,
+        batching: &Batching,
+        (job, answer): (Job, Answer),
+    ) -> Result<[i64; 4], Error> {
+        if !batching.ensure_running(self) || batching.queue.send(job).is_err() {
+            return Err(Error::backend(Stopped));
+        }
+        // The task may have ended as the job went in (its runtime ended):
+        // then the job was dropped with the queue's rest (its caller hears
+        // `Stopped`), or it waits for the task started here. Pairs with the
+        // fence in `Running::drop`.
+        atomic::fence(Ordering::SeqCst);
+        if !batching.ensure_running(self) {
+            return Err(Error::backend(Stopped));
+        }
+        if batching.home.answers_here() {
+            return answered(answer).await;
+        }
+        // The task runs on a current-thread runtime that is not this one,
+        // and runs only while that runtime is driven (a limiter built on one
+        // and used elsewhere): this check keeps a timer of its own.
+        within(self.timeout, answered(answer)).await
+    }
+
+    /// The error of a call that failed (a cluster connection that is gone is
+    /// made again at the next call).
+    fn failed(&self, error: RedisError) -> Error {
+        self.conn.forget(&error);
+        Error::backend(error)
+    }
+
+    /// Runs the rule's own script for one check: one round trip (two after
+    /// the server lost the script or the library). Its function in the
+    /// library where that is loaded (the script's prelude and algorithms do
+    /// not run again at each call), else the script.
+    async fn alone(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        now: Option<u64>,
+        lease: Option<u64>,
+    ) -> Result<[i64; 4], Error> {
+        let index = rule.algorithm() as usize;
+        let scripts = &*self.scripts;
+        let call = |function: bool| {
+            let mut cmd = script_call(
+                function,
+                &scripts.library.singles[index],
+                &scripts.by_algorithm[index],
+            );
+            cmd.arg(1)
+                .arg(key)
+                .arg(rule.count())
+                .arg(rule.burst())
+                .arg(rule.period_us())
+                .arg(cost);
+            match now {
+                Some(now) => cmd.arg(now),
+                None => cmd.arg(""),
+            };
+            if let Some(lease) = lease {
+                cmd.arg(lease);
+            }
+            cmd
+        };
+        let run = async {
+            let mut live = self.conn.get(scripts).await?;
+            call_script(
+                &mut live,
+                &self.conn,
+                scripts,
+                &scripts.by_algorithm[index],
+                call,
+            )
+            .await
+            .map_err(|e| self.failed(e))
+        };
+        let (allowed, remaining, reset_us, retry_us): (i64, i64, i64, i64) =
+            within(self.timeout, run).await?;
+        Ok([allowed, remaining, reset_us, retry_us])
+    }
+
+    /// Runs a check as if the server's clock read `now` (time since the Unix
+    /// epoch). For tests that hold the Redis and the memory backend side by
+    /// side; keys written this way get an hour's extra TTL, since their
+    /// times are not the server's.
+    #[doc(hidden)]
+    pub async fn check_at(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        now: Duration,
+    ) -> Result<Decision, Error> {
+        self.eval(rule, key, cost, Some(micros(now)), None).await
+    }
+
+    /// [`Backend::acquire`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
+    #[doc(hidden)]
+    pub async fn acquire_at(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        lease: u64,
+        now: Duration,
+    ) -> Result<Decision, Error> {
+        self.eval(rule, key, cost, Some(micros(now)), Some(lease))
+            .await
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+impl Backend for RedisBackend {
+    async fn check(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.eval(rule, key, cost, None, None).await
+    }
+
+    async fn acquire(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        lease: u64,
+    ) -> Result<Decision, Error> {
+        self.eval(rule, key, cost, None, Some(lease)).await
+    }
+
+    async fn release(&self, rule: &Rule, key: &str, cost: u64, lease: u64) -> Result<(), Error> {
+        let job = || {
+            let deadline = Instant::now() + self.timeout;
+            Job::new(Op::Release, rule, key, cost, None, Some(lease), deadline)
+        };
+        if let Some(batching) = self.queue_for_now() {
+            return self.queued(batching, job()).await.map(drop);
+        }
+        let _busy = Busy::enter(&*self.busy);
+        if self.batching.is_some() {
+            // Coalescing, and nothing on its way: a batch of this one
+            // release, sent now (so releases always run in a script,
+            // whichever way they go: the library's release function where
+            // it is loaded, else the batch script).
+            let (job, answer) = job();
+            let run = async {
+                send_batch(vec![job], &self.conn, &self.scripts, self.timeout).await;
+                answer.await
+            };
+            return answered(run).await.map(drop);
+        }
+        // The members concurrency.lua adds: "lease" for one unit, else
+        // "lease:unit" for each.
+        let mut cmd = redis::cmd("ZREM");
+        cmd.arg(key);
+        if cost == 1 {
+            cmd.arg(lease);
+        } else {
+            for unit in 0..cost {
+                cmd.arg(format!("{lease}:{unit}"));
+            }
+        }
+        let run = async {
+            let mut live = self.conn.get(&self.scripts).await?;
+            match live.query::<i64>(&cmd).await {
+                Ok(_) => Ok(()),
+                // Another algorithm's state took the key over (a rule
+                // changed): no lease of ours is left there to give back.
+                Err(e) if e.code() == Some("WRONGTYPE") => Ok(()),
+                Err(e) => Err(self.failed(e)),
+            }
+        };
+        within(self.timeout, run).await
+    }
+}
+
+/// `work`'s result, or [`TimedOut`] once `limit` has passed.
+pub(crate) async fn within<T>(
+    limit: Duration,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    tokio::time::timeout(limit, work)
+        .await
+        .unwrap_or_else(|_| Err(Error::backend(TimedOut(limit))))
+}
+
+/// Redis did not answer within the deadline.
+#[derive(Debug)]
+pub(crate) struct TimedOut(Duration);
+
+impl fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Redis did not answer within {} ms", self.0.as_millis())
+    }
+}
+
+impl std::error::Error for TimedOut {}
+
+/// The task that sends coalesced checks is gone (its Tokio runtime ended).
+#[derive(Debug)]
+pub(crate) struct Stopped;
+
+impl fmt::Display for Stopped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the Redis backend's task has stopped (its Tokio runtime ended)")
+    }
+}
+
+impl std::error::Error for Stopped {}
+
+#[cfg(test)]
+mod tests {
+    use super::batch::firsts_first;
+    use super::scripts::{BIND, Library};
+    use super::*;
+    use crate::Algorithm;
+
+    /// The library declares at load, and sets at each call, every name
+    /// bind.lua binds (a line of another shape would leave a name unset),
+    /// and is named after one version of all it runs: its functions'
+    /// names carry it too, and every function is registered.
+    #[test]
+    fn the_library_binds_what_the_scripts_bind() {
+        let library = Library::new();
+        let version = library
+            .source
+            .lines()
+            .next()
+            .and_then(|line| line.strip_prefix("#!lua name=ratelimit_"))
+            .expect("a library header");
+        assert_eq!(version.len(), 16);
+        assert_eq!(library.function, format!("ratelimit_batch_{version}"));
+        assert_eq!(library.release, format!("ratelimit_release_{version}"));
+        for (algorithm, single) in Algorithm::ALL.iter().zip(&library.singles) {
+            assert_eq!(*single, format!("ratelimit_{}_{version}", algorithm.name()));
+        }
+        for function in library
+            .singles
+            .iter()
+            .chain([&library.function, &library.release])
+        {
+            let registered = format!("redis.register_function('{function}', function(KEYS, ARGV)");
+            assert_eq!(library.source.matches(&registered).count(), 1, "{function}");
+        }
+        // Each function sets what bind.lua binds before its body runs.
+        assert_eq!(
+            library
+                .source
+                .matches("redis_call, redis_pcall = redis.call, redis.pcall\n")
+                .count(),
+            8
+        );
+        for name in [
+            "redis_call",
+            "redis_pcall",
+            "struct_pack",
+            "struct_unpack",
+            "string_byte",
+        ] {
+            let declared = library.source.lines().take(3).any(|line| {
+                line.strip_prefix("local ")
+                    .is_some_and(|names| names.split(", ").any(|n| n == name))
+            });
+            assert!(declared, "{name} not declared at load");
+        }
+        let code_lines = BIND.lines().filter(|line| !line.starts_with("--")).count();
+        assert_eq!(code_lines, 2, "bind.lua: only `local names = values` lines");
+    }
+
+    fn jobs(keys: &[&str]) -> Vec<Job> {
+        let rule = Rule::new(Algorithm::FixedWindow, 10, Duration::from_secs(1));
+        keys.iter()
+            .map(|key| {
+                Job::new(
+                    Op::Check(rule.algorithm()),
+                    &rule,
+                    key,
+                    1,
+                    None,
+                    None,
+                    Instant::now(),
+                )
+                .0
+            })
+            .collect()
+    }
+
+    fn keys(jobs: &[Job]) -> Vec<&str> {
+        jobs.iter()
+            .map(|job| std::str::from_utf8(job.key.as_bytes()).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn each_key_comes_first_once_and_its_later_checks_after_all_firsts() {
+        let mut batch = jobs(&["b", "a", "b", "c", "a", "b"]);
+        let firsts = firsts_first(&mut batch);
+        assert_eq!(firsts, 3);
+        assert_eq!(keys(&batch[..firsts]), ["a", "b", "c"]);
+        let mut repeats = keys(&batch[firsts..]);
+        repeats.sort_unstable();
+        assert_eq!(repeats, ["a", "b", "b"]);
+        // Keys held in place and keys too long for that sort alike.
+        let long = "k".repeat(crate::backend::INLINE_KEY + 1);
+        let mut batch = jobs(&[&long, "a", &long, "a"]);
+        assert_eq!(firsts_first(&mut batch), 2);
+        assert_eq!(keys(&batch[..2]), ["a", long.as_str()]);
+        let mut repeats = keys(&batch[2..]);
+        repeats.sort_unstable();
+        assert_eq!(repeats, ["a", long.as_str()]);
+    }
+
+    #[test]
+    fn distinct_keys_are_all_read_ahead() {
+        for n in 0..4 {
+            let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+            let mut batch = jobs(&names.iter().map(String::as_str).collect::<Vec<_>>());
+            assert_eq!(firsts_first(&mut batch), n);
+        }
+        let mut same = jobs(&["k"; 5]);
+        assert_eq!(firsts_first(&mut same), 1);
+    }
+}
