@@ -7,7 +7,7 @@ use syn::spanned::Spanned;
 use syn::{Attribute, Expr, ExprLit, ExprPath, FnArg, Ident, ItemFn, Lit, Pat, ReturnType, Type};
 
 pub(crate) use crate::key::{Part, Subject};
-use crate::key::{key_identity, key_template, subject};
+use crate::key::{key_template, subject};
 use crate::options::*;
 
 /// The rule's numbers, inline or a `const Rule` of the user's.
@@ -506,4 +506,22 @@ fn looks_like_handler(func: &ItemFn) -> bool {
         ReturnType::Default => false,
     };
     routed || actix_output
+}
+
+/// What makes two rules' keys the same budget.
+fn key_identity(rule: &RuleConfig) -> String {
+    let mut identity = String::new();
+    for part in &rule.key {
+        match part {
+            Part::Text(text) => identity.push_str(text),
+            Part::ModulePath => identity.push_str("{module}"),
+            Part::Value(tokens) => identity.push_str(&format!("{{{tokens}}}")),
+        }
+    }
+    match &rule.subject {
+        Subject::Global => {}
+        Subject::Ip => identity.push_str(":ip"),
+        Subject::Header(name) => identity.push_str(&format!(":header:{name}")),
+    }
+    identity
 }

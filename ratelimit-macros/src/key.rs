@@ -5,7 +5,6 @@ use proc_macro2::TokenStream;
 use quote::{ToTokens, quote};
 use syn::{Expr, ExprCall, ExprLit, FnArg, Ident, ItemFn, Lit, LitStr, Pat};
 
-use crate::attr::RuleConfig;
 use crate::options::{Ctxt, is_ident};
 
 /// One piece of a key.
@@ -211,24 +210,6 @@ pub(crate) fn is_header_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-}
-
-/// What makes two rules' keys the same budget.
-pub(crate) fn key_identity(rule: &RuleConfig) -> String {
-    let mut identity = String::new();
-    for part in &rule.key {
-        match part {
-            Part::Text(text) => identity.push_str(text),
-            Part::ModulePath => identity.push_str("{module}"),
-            Part::Value(tokens) => identity.push_str(&format!("{{{tokens}}}")),
-        }
-    }
-    match &rule.subject {
-        Subject::Global => {}
-        Subject::Ip => identity.push_str(":ip"),
-        Subject::Header(name) => identity.push_str(&format!(":header:{name}")),
-    }
-    identity
 }
 
 #[cfg(test)]

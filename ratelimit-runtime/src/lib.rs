@@ -94,6 +94,7 @@ mod limiter;
 pub mod overrides;
 pub mod pipeline;
 mod rule;
+mod site;
 
 pub use backend::Backend;
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -109,7 +109,7 @@ fn rules_named(name: &str) -> Vec<(Rule, u64)> {
         None => found.push((rule, cost)),
     };
     #[cfg(feature = "macros")]
-    for site in crate::pipeline::SITES.iter().filter(|s| s.name() == name) {
+    for site in crate::site::SITES.iter().filter(|s| s.name() == name) {
         add(*site.rule(), site.cost());
     }
     let registered = REGISTERED.read().unwrap_or_else(PoisonError::into_inner);
@@ -123,7 +123,7 @@ fn rules_named(name: &str) -> Vec<(Rule, u64)> {
 pub fn rule_names() -> Vec<String> {
     let mut names = BTreeSet::new();
     #[cfg(feature = "macros")]
-    names.extend(crate::pipeline::SITES.iter().map(|s| s.name().to_owned()));
+    names.extend(crate::site::SITES.iter().map(|s| s.name().to_owned()));
     names.extend(
         REGISTERED
             .read()

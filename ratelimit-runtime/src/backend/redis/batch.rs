@@ -9,12 +9,13 @@ use std::time::Duration;
 use tokio::sync::{OwnedMutexGuard, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::codec::{self, Call};
 use super::connection::{Busy, Conn, call_script, script_call};
 use super::scripts::Scripts;
 use super::{RedisBackend, Stopped, TimedOut};
-use crate::algorithm::{REGISTRY, spec};
+use crate::Error;
+use crate::algorithm::Outcome;
 use crate::backend::StoredKey;
-use crate::{Algorithm, Error, Rule};
 
 /// The most checks one batch carries (a batch holds the server for its
 /// whole run: about a microsecond or two per check).
@@ -26,100 +27,43 @@ pub(super) const MAX_BATCH: usize = 128;
 /// small at 256 tasks (`cargo bench --bench load`).
 pub(super) const IN_FLIGHT: usize = 8;
 
-/// What a job asks of the batch script.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Op {
-    /// A check (or a lease taken) under this algorithm.
-    Check(Algorithm),
-    /// A lease given back.
-    Release,
-}
-
-impl Op {
-    /// Its id on the wire: an algorithm's place in the registry plus one
-    /// (the batch script's `run` table is written from the registry); a
-    /// release after every algorithm.
-    pub(super) fn id(self) -> u8 {
-        match self {
-            Op::Check(algorithm) => algorithm as u8 + 1,
-            Op::Release => REGISTRY.len() as u8 + 1,
-        }
-    }
-}
-
 /// What a release's caller is told once its batch ran (the script answers
 /// checks only).
-pub(super) const RELEASED: [i64; 4] = [1, 0, 0, 0];
+const RELEASED: Outcome = Outcome {
+    allowed: true,
+    remaining: 0,
+    reset_after_us: 0,
+    retry_after_us: 0,
+};
 
 /// Where a job's answer arrives.
-pub(super) type Answer = oneshot::Receiver<Result<[i64; 4], Error>>;
+pub(super) type Answer = oneshot::Receiver<Result<Outcome, Error>>;
 
-/// One check (or release) waiting in the queue for the next batch.
+/// One check (or release) waiting to be sent in a batch.
 pub(super) struct Job {
-    op: Op,
     pub(super) key: StoredKey,
-    count: u64,
-    burst: u64,
-    period_us: u64,
-    cost: u64,
-    now: Option<u64>,
-    lease: Option<u64>,
+    call: Call,
     /// When its caller stops waiting: the batch task answers it `TimedOut`
     /// by then (so a check costs no timer of its own where that task is sure
     /// to run, see [`Home`]; a batch has one).
     deadline: Instant,
-    reply: oneshot::Sender<Result<[i64; 4], Error>>,
+    reply: oneshot::Sender<Result<Outcome, Error>>,
 }
 
 impl Job {
-    /// Where the job goes in a batch: 0 a check whose state is a string (read
-    /// ahead; a sliding log's is, until it outgrows one), 1 a concurrency
-    /// check (a sorted set), 2 a release.
-    pub(super) fn place(&self) -> u8 {
-        match self.op {
-            Op::Check(algorithm) if spec(algorithm).leases => 1,
-            Op::Check(_) => 0,
-            Op::Release => 2,
-        }
-    }
-
-    /// What a check shares with the checks of the same rule in a batch.
-    pub(super) fn rule(&self) -> (u8, u64, u64, u64, Option<u64>, bool) {
-        let Job {
-            op,
-            count,
-            burst,
-            period_us,
-            now,
-            lease,
-            ..
-        } = *self;
-        (op.id(), count, burst, period_us, now, lease.is_some())
-    }
-
-    pub(super) fn new(
-        op: Op,
-        rule: &Rule,
-        key: &str,
-        cost: u64,
-        now: Option<u64>,
-        lease: Option<u64>,
-        deadline: Instant,
-    ) -> (Job, Answer) {
+    pub(super) fn new(key: &str, call: Call, deadline: Instant) -> (Job, Answer) {
         let (reply, answer) = oneshot::channel();
         let job = Job {
-            op,
             key: StoredKey::new(key),
-            count: rule.count(),
-            burst: rule.burst(),
-            period_us: rule.period_us(),
-            cost,
-            now,
-            lease,
+            call,
             deadline,
             reply,
         };
         (job, answer)
+    }
+
+    fn place(&self) -> u8 {
+        self.call.place()
     }
 }
 
@@ -302,71 +246,22 @@ pub(super) async fn send_batch(
     let checks = jobs.partition_point(|job| job.place() < 2);
     let strings = jobs.partition_point(|job| job.place() < 1);
     let read_ahead = firsts_first(&mut jobs[..strings]);
-    // The rules, packed (see batch.lua): each distinct one once, six numbers;
-    // then one byte per check, its rule's number.
-    let mut rules = Vec::new();
-    let mut order = Vec::with_capacity(checks);
-    for job in &jobs[..checks] {
-        let rule = job.rule();
-        let at = rules.iter().position(|r| *r == rule).unwrap_or_else(|| {
-            rules.push(rule);
-            rules.len() - 1
-        });
-        // At most MAX_BATCH (128) checks, so as many rules: one byte, from 1.
-        order.push(at as u8 + 1);
-    }
-    let mut packed = Vec::with_capacity(rules.len() * 6 * 8);
-    for &(what, count, burst, period_us, now, leased) in &rules {
-        for number in [
-            f64::from(what),
-            count as f64,
-            burst as f64,
-            period_us as f64,
-            now.map_or(-1.0, |now| now as f64),
-            f64::from(u8::from(leased)),
-        ] {
-            packed.extend_from_slice(&number.to_be_bytes());
-        }
-    }
-    // The costs, only when one is not 1.
-    let costs: Vec<u8> = if jobs.iter().all(|job| job.cost == 1) {
-        Vec::new()
-    } else {
-        jobs.iter()
-            .flat_map(|job| (job.cost as f64).to_be_bytes())
-            .collect()
-    };
     // The call: FCALL of the library's function, or EVALSHA of the script.
     let call = |function: bool| {
-        if let ([job], true, 0) = (&jobs[..], function, checks) {
-            // A release alone: the library's release function, which has no
-            // batch to unpack.
-            let mut cmd = redis::cmd("FCALL");
-            cmd.arg(&scripts.library.release)
-                .arg(1)
-                .arg(job.key.as_bytes())
-                .arg(job.cost)
-                .arg(job.lease);
-            return cmd;
-        }
         let mut cmd = script_call(function, &scripts.library.function, &scripts.batch);
-        cmd.arg(jobs.len());
-        for job in &jobs {
-            cmd.arg(job.key.as_bytes());
-        }
-        cmd.arg(&packed).arg(&order).arg(&costs).arg(read_ahead);
-        // The lease ids, each as its own argument: the checks' that carry
-        // one, in order, then the releases'.
-        for lease in jobs.iter().filter_map(|job| job.lease) {
-            cmd.arg(lease);
-        }
+        let calls = jobs.iter().map(|job| (job.key.as_bytes(), &job.call));
+        codec::encode(&mut cmd, calls, read_ahead);
         cmd
     };
     let run = async {
         let mut live = conn.get(scripts).await?;
         call_script(&mut live, conn, scripts, &scripts.batch, call)
             .await
-            .map_err(Error::backend)
+            .map_err(|error| {
+                // A cluster connection that is gone is made again next time.
+                conn.forget(&error);
+                Error::backend(error)
+            })
     };
     let reply: Result<Vec<u8>, Error> = match tokio::time::timeout_at(deadline, run).await {
         Ok(reply) => reply,
@@ -385,31 +280,16 @@ pub(super) async fn send_batch(
             Err(Error::backend(TimedOut(timeout)))
         }
     };
-    match reply {
-        Ok(packed) if packed.len() == 32 * checks => {
+    match reply.and_then(|reply| codec::decode(&reply, checks)) {
+        Ok(outcomes) => {
             // The checks' answers, in order; the releases after them get none.
-            let mut answers = packed.chunks_exact(32);
+            let mut outcomes = outcomes.into_iter();
             for job in jobs {
-                let answer = answers.next().map_or(RELEASED, |answer| {
-                    // Whole numbers below 2^53, exact as doubles.
-                    let number = |i: usize| {
-                        let bytes = answer[8 * i..8 * i + 8].try_into().expect("8 bytes");
-                        f64::from_be_bytes(bytes) as i64
-                    };
-                    [number(0), number(1), number(2), number(3)]
-                });
-                let _ = job.reply.send(Ok(answer));
+                let _ = job.reply.send(Ok(outcomes.next().unwrap_or(RELEASED)));
             }
         }
-        failed => {
-            let error = Shared(Arc::new(match failed {
-                Ok(packed) => Error::Config(format!(
-                    "the batch script answered {} bytes for {} checks",
-                    packed.len(),
-                    checks
-                )),
-                Err(error) => error,
-            }));
+        Err(error) => {
+            let error = Shared(Arc::new(error));
             for job in jobs {
                 let _ = job.reply.send(Err(Error::backend(error.clone())));
             }
@@ -420,8 +300,8 @@ pub(super) async fn send_batch(
 /// A job's answer. The batch task gives it by the job's deadline, or drops
 /// the job when the task is gone (its runtime ended).
 pub(super) async fn answered(
-    answer: impl Future<Output = Result<Result<[i64; 4], Error>, oneshot::error::RecvError>>,
-) -> Result<[i64; 4], Error> {
+    answer: impl Future<Output = Result<Result<Outcome, Error>, oneshot::error::RecvError>>,
+) -> Result<Outcome, Error> {
     answer
         .await
         .unwrap_or_else(|_| Err(Error::backend(Stopped)))

@@ -6,6 +6,7 @@
 //! ([`ConnectOptions::functions`]).
 
 mod batch;
+mod codec;
 mod connection;
 mod scripts;
 
@@ -14,18 +15,16 @@ use std::sync::Arc;
 use std::sync::atomic::{self, AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use redis::RedisError;
 use redis::cluster::ClusterClient;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-pub use scripts::lua_source;
-
 use super::Backend;
 use crate::algorithm::Outcome;
 use crate::{Decision, Error, Rule};
-use batch::{Answer, Batching, Job, Op, answered, send_batch};
-use connection::{Busy, Conn, Target, call_script, script_call};
+use batch::{Answer, Batching, Job, answered, send_batch};
+use codec::{Call, Clock, Op};
+use connection::{Busy, Conn, Target};
 use scripts::Scripts;
 
 /// How long one check may wait for Redis before it counts as failed.
@@ -210,37 +209,35 @@ impl RedisBackend {
         }
     }
 
-    /// Runs the rule's script: one round trip (two after a `NOSCRIPT`).
-    /// `now` (µs) replaces the server's clock, for tests only; `lease` is the
-    /// lease id of a concurrency rule.
+    /// Runs one call: queued for the next batch when one is on its way,
+    /// else sent at once as a batch of one (one round trip; two after the
+    /// server lost the script or library).
+    async fn run(&self, key: &str, call: Call) -> Result<Outcome, Error> {
+        let deadline = Instant::now() + self.timeout;
+        let job = Job::new(key, call, deadline);
+        if let Some(batching) = self.queue_for_now() {
+            return self.queued(batching, job).await;
+        }
+        let _busy = Busy::enter(&*self.busy);
+        let (job, answer) = job;
+        let send = async {
+            send_batch(vec![job], &self.conn, &self.scripts, self.timeout).await;
+            answer.await
+        };
+        answered(send).await
+    }
+
+    /// A check (or a lease taken, with `lease`) on `clock`.
     async fn eval(
         &self,
         rule: &Rule,
         key: &str,
         cost: u64,
-        now: Option<u64>,
+        clock: Clock,
         lease: Option<u64>,
     ) -> Result<Decision, Error> {
-        let [allowed, remaining, reset_us, retry_us] = match self.queue_for_now() {
-            Some(batching) => {
-                let deadline = Instant::now() + self.timeout;
-                let op = Op::Check(rule.algorithm());
-                let job = Job::new(op, rule, key, cost, now, lease, deadline);
-                self.queued(batching, job).await?
-            }
-            None => {
-                let _busy = Busy::enter(&*self.busy);
-                self.alone(rule, key, cost, now, lease).await?
-            }
-        };
-        let micros = |n: i64| u64::try_from(n).unwrap_or(0);
-        Ok(Outcome {
-            allowed: allowed == 1,
-            remaining: micros(remaining),
-            reset_after_us: micros(reset_us),
-            retry_after_us: micros(retry_us),
-        }
-        .decision(rule))
+        let call = Call::new(Op::Check(rule.algorithm()), rule, cost, clock, lease);
+        Ok(self.run(key, call).await?.decision(rule))
     }
 
     /// The batching, if this call should join the next batch: when
@@ -269,7 +266,7 @@ impl RedisBackend {
         &self,
         batching: &Batching,
         (job, answer): (Job, Answer),
-    ) -> Result<[i64; 4], Error> {
+    ) -> Result<Outcome, Error> {
         if !batching.ensure_running(self) || batching.queue.send(job).is_err() {
             return Err(Error::backend(Stopped));
         }
@@ -290,65 +287,6 @@ impl RedisBackend {
         within(self.timeout, answered(answer)).await
     }
 
-    /// The error of a call that failed (a cluster connection that is gone is
-    /// made again at the next call).
-    fn failed(&self, error: RedisError) -> Error {
-        self.conn.forget(&error);
-        Error::backend(error)
-    }
-
-    /// Runs the rule's own script for one check: one round trip (two after
-    /// the server lost the script or the library). Its function in the
-    /// library where that is loaded (the script's prelude and algorithms do
-    /// not run again at each call), else the script.
-    async fn alone(
-        &self,
-        rule: &Rule,
-        key: &str,
-        cost: u64,
-        now: Option<u64>,
-        lease: Option<u64>,
-    ) -> Result<[i64; 4], Error> {
-        let index = rule.algorithm() as usize;
-        let scripts = &*self.scripts;
-        let call = |function: bool| {
-            let mut cmd = script_call(
-                function,
-                &scripts.library.singles[index],
-                &scripts.by_algorithm[index],
-            );
-            cmd.arg(1)
-                .arg(key)
-                .arg(rule.count())
-                .arg(rule.burst())
-                .arg(rule.period_us())
-                .arg(cost);
-            match now {
-                Some(now) => cmd.arg(now),
-                None => cmd.arg(""),
-            };
-            if let Some(lease) = lease {
-                cmd.arg(lease);
-            }
-            cmd
-        };
-        let run = async {
-            let mut live = self.conn.get(scripts).await?;
-            call_script(
-                &mut live,
-                &self.conn,
-                scripts,
-                &scripts.by_algorithm[index],
-                call,
-            )
-            .await
-            .map_err(|e| self.failed(e))
-        };
-        let (allowed, remaining, reset_us, retry_us): (i64, i64, i64, i64) =
-            within(self.timeout, run).await?;
-        Ok([allowed, remaining, reset_us, retry_us])
-    }
-
     /// Runs a check as if the server's clock read `now` (time since the Unix
     /// epoch). For tests that hold the Redis and the memory backend side by
     /// side; keys written this way get an hour's extra TTL, since their
@@ -361,7 +299,8 @@ impl RedisBackend {
         cost: u64,
         now: Duration,
     ) -> Result<Decision, Error> {
-        self.eval(rule, key, cost, Some(micros(now)), None).await
+        self.eval(rule, key, cost, Clock::Fixed(micros(now)), None)
+            .await
     }
 
     /// [`Backend::acquire`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
@@ -374,7 +313,7 @@ impl RedisBackend {
         lease: u64,
         now: Duration,
     ) -> Result<Decision, Error> {
-        self.eval(rule, key, cost, Some(micros(now)), Some(lease))
+        self.eval(rule, key, cost, Clock::Fixed(micros(now)), Some(lease))
             .await
     }
 }
@@ -385,7 +324,7 @@ fn micros(d: Duration) -> u64 {
 
 impl Backend for RedisBackend {
     async fn check(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.eval(rule, key, cost, None, None).await
+        self.eval(rule, key, cost, Clock::Server, None).await
     }
 
     async fn acquire(
@@ -395,52 +334,12 @@ impl Backend for RedisBackend {
         cost: u64,
         lease: u64,
     ) -> Result<Decision, Error> {
-        self.eval(rule, key, cost, None, Some(lease)).await
+        self.eval(rule, key, cost, Clock::Server, Some(lease)).await
     }
 
     async fn release(&self, rule: &Rule, key: &str, cost: u64, lease: u64) -> Result<(), Error> {
-        let job = || {
-            let deadline = Instant::now() + self.timeout;
-            Job::new(Op::Release, rule, key, cost, None, Some(lease), deadline)
-        };
-        if let Some(batching) = self.queue_for_now() {
-            return self.queued(batching, job()).await.map(drop);
-        }
-        let _busy = Busy::enter(&*self.busy);
-        if self.batching.is_some() {
-            // Coalescing, and nothing on its way: a batch of this one
-            // release, sent now (so releases always run in a script,
-            // whichever way they go: the library's release function where
-            // it is loaded, else the batch script).
-            let (job, answer) = job();
-            let run = async {
-                send_batch(vec![job], &self.conn, &self.scripts, self.timeout).await;
-                answer.await
-            };
-            return answered(run).await.map(drop);
-        }
-        // The members concurrency.lua adds: "lease" for one unit, else
-        // "lease:unit" for each.
-        let mut cmd = redis::cmd("ZREM");
-        cmd.arg(key);
-        if cost == 1 {
-            cmd.arg(lease);
-        } else {
-            for unit in 0..cost {
-                cmd.arg(format!("{lease}:{unit}"));
-            }
-        }
-        let run = async {
-            let mut live = self.conn.get(&self.scripts).await?;
-            match live.query::<i64>(&cmd).await {
-                Ok(_) => Ok(()),
-                // Another algorithm's state took the key over (a rule
-                // changed): no lease of ours is left there to give back.
-                Err(e) if e.code() == Some("WRONGTYPE") => Ok(()),
-                Err(e) => Err(self.failed(e)),
-            }
-        };
-        within(self.timeout, run).await
+        let call = Call::new(Op::Release, rule, cost, Clock::Server, Some(lease));
+        self.run(key, call).await.map(drop)
     }
 }
 
@@ -500,25 +399,19 @@ mod tests {
             .expect("a library header");
         assert_eq!(version.len(), 16);
         assert_eq!(library.function, format!("ratelimit_batch_{version}"));
-        assert_eq!(library.release, format!("ratelimit_release_{version}"));
-        for (algorithm, single) in Algorithm::ALL.iter().zip(&library.singles) {
-            assert_eq!(*single, format!("ratelimit_{}_{version}", algorithm.name()));
-        }
-        for function in library
-            .singles
-            .iter()
-            .chain([&library.function, &library.release])
-        {
-            let registered = format!("redis.register_function('{function}', function(KEYS, ARGV)");
-            assert_eq!(library.source.matches(&registered).count(), 1, "{function}");
-        }
+        let registered = format!(
+            "redis.register_function('{}', function(KEYS, ARGV)",
+            library.function
+        );
+        assert_eq!(library.source.matches(&registered).count(), 1);
         // Each function sets what bind.lua binds before its body runs.
         assert_eq!(
             library
                 .source
                 .matches("redis_call, redis_pcall = redis.call, redis.pcall\n")
                 .count(),
-            8
+            1,
+            "set in the function"
         );
         for name in [
             "redis_call",
@@ -541,16 +434,8 @@ mod tests {
         let rule = Rule::new(Algorithm::FixedWindow, 10, Duration::from_secs(1));
         keys.iter()
             .map(|key| {
-                Job::new(
-                    Op::Check(rule.algorithm()),
-                    &rule,
-                    key,
-                    1,
-                    None,
-                    None,
-                    Instant::now(),
-                )
-                .0
+                let call = Call::new(Op::Check(rule.algorithm()), &rule, 1, Clock::Server, None);
+                Job::new(key, call, Instant::now()).0
             })
             .collect()
     }

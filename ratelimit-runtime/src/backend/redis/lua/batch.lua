@@ -5,26 +5,14 @@
 -- src/backend/redis/batch.rs): one round trip and one script call carry many
 -- checks, each still atomic (the whole script is).
 --
--- KEYS     one key per check, then one per release
--- ARGV[1]  the rules of the batch, 6 big-endian doubles each (packed: the
---          server parses no text): the algorithm's op id (its place in
---          the registry, src/algorithm/mod.rs, plus one; `run` below is
---          written from it), count, burst, period (µs), now (µs; -1 = the
---          server's TIME), and whether its checks carry a lease id (1|0)
--- ARGV[2]  one byte per check: the number of its rule in ARGV[1]
--- ARGV[3]  the costs, one big-endian double per check, then per release
---          (empty: every cost is 1)
--- ARGV[4]  how many checks, first in KEYS, keep their state in a string
---          (every algorithm but concurrency; a long sliding log is a sorted
---          set, which MGET reads as none) and are the
---          first of their key in the batch: their keys, all different, are
---          read at once, in one MGET (see `pending` in prelude.lua). A
---          string state's later checks of the same key come after them.
--- ARGV[5..] the lease ids (decimal text: 64 bits do not fit a double): one
---          per check whose rule says so, in order, then one per release
--- Returns  4 big-endian doubles per check, packed in one string (the
---          client parses no text either): allowed (1|0), remaining,
---          reset_after (µs), retry_after (µs). Releases answer nothing.
+-- The arguments and the answer are the wire protocol that
+-- src/backend/redis/codec.rs encodes and decodes (and documents): KEYS the
+-- checks' keys then the releases'; ARGV[1] the distinct rules, packed
+-- doubles (op id, count, burst, period, now or -1, leased); ARGV[2] each
+-- check's rule number; ARGV[3] the costs (empty: all 1); ARGV[4] how many
+-- first checks are read ahead in one MGET (see `pending` in prelude.lua);
+-- ARGV[5..] the lease ids. The answer: 4 packed doubles per check.
+-- `run`, the algorithms by op id, is written before this from the registry.
 --
 -- A check's rule is unpacked once per batch, not once per check: most
 -- checks of a batch share a few rules.

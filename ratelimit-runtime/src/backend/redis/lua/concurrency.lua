@@ -1,7 +1,7 @@
 -- concurrency: at most `count` units in flight. Each call holds a lease (one
 -- member per unit, scored by when it expires) until it is released with ZREM
--- or `period` passes (its holder is taken for dead). Mirrors acquire() in
--- src/algorithm.rs.
+-- or `period` passes (its holder is taken for dead). Mirrors
+-- src/algorithm/concurrency.rs.
 --
 -- key  sorted set of leases: member "lease" (one unit) or "lease:unit",
 --      score = expiry (µs); and member "epoch", score = minus the period

@@ -1,7 +1,7 @@
 
 -- fixed_window: a counter that starts at a key's first call and ends `period`
 -- later (the seeds' INCR + PEXPIRE counter, made atomic: a refused call writes
--- nothing). Mirrors fixed_window() in src/algorithm.rs.
+-- nothing). Mirrors src/algorithm/fixed_window.rs.
 --
 -- key  the counter: "F" .. (used, ends) packed (ends in µs of the server clock)
 local function fixed_window(key, now, slack, count, burst, period, cost)

@@ -2,8 +2,8 @@
 -- gcra: the generic cell rate algorithm (leaky bucket as a meter): one
 -- theoretical arrival time per key. Emission interval period/count µs, burst
 -- tolerance burst * period/count. The TAT is kept exactly, as whole µs plus a
--- remainder in 1/count µs, so retry_after is exact. Mirrors gcra() in
--- src/algorithm.rs.
+-- remainder in 1/count µs, so retry_after is exact. Mirrors
+-- src/algorithm/gcra.rs.
 --
 -- key  "G" .. (tat, rem) packed
 local function gcra(key, now, slack, count, burst, period, cost)

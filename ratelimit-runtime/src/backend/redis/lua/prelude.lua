@@ -7,11 +7,10 @@
 -- `now` is in µs of the server clock; `slack` is added to every TTL (ms):
 -- 0, or an hour when the caller fixed `now` (tests that hold Redis and memory
 -- side by side: keys written then have times that are not the server's).
--- A script is bind.lua, this prelude, the algorithms it needs and a driver:
--- single.lua (one check, the rule's own script) or batch.lua (many checks at
--- once). The batch script is also loaded as a function library where the
--- server has functions (src/backend/redis/scripts.rs): there the prelude and the
--- algorithms run once, at load, and the driver at each call.
+-- The script is bind.lua, this prelude, every algorithm of the registry and
+-- the driver, batch.lua. It is also loaded as a function library where the
+-- server has functions (src/backend/redis/scripts.rs): there the prelude and
+-- the algorithms run once, at load, and the driver at each call.
 
 -- The tables below (texts, aboves) hold what one script run made: each
 -- driver makes them anew when it starts (a function library's are kept

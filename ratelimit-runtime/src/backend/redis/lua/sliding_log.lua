@@ -1,6 +1,6 @@
 -- sliding_log: an exact sliding window over the calls' times (seed 002, as
 -- one atomic script). At most `count` units in any interval of length
--- `period`. Mirrors sliding_log() in src/algorithm.rs.
+-- `period`. Mirrors src/algorithm/sliding_log.rs.
 --
 -- key  a short log (up to LOG_IN_STRING units in the window, as most keys of
 --      a small limit hold): a string "L" .. the units' times (µs), oldest

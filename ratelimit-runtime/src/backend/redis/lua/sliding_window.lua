@@ -1,8 +1,9 @@
 
 -- sliding_window: the two-counter approximation of a sliding window. Windows
 -- are aligned to the server clock; the previous window's count is weighted by
--- how much of it still overlaps. O(1) memory. Mirrors sliding_window() in
--- src/algorithm.rs, including its double arithmetic (so both round alike).
+-- how much of it still overlaps. O(1) memory. Mirrors
+-- src/algorithm/sliding_window.rs, including its double arithmetic (so both
+-- round alike).
 --
 -- key  "W" .. (start, cur, prev) packed (start of the current window in µs)
 

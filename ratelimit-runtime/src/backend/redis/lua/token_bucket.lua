@@ -3,7 +3,7 @@
 -- starting full (seed 004, with one key instead of two and the server's clock
 -- instead of the caller's). Tokens are fixed point, `period` units per token,
 -- so a microsecond refills exactly `count` units and nothing is rounded; every
--- number stays below 2^53. Mirrors token_bucket() in src/algorithm.rs.
+-- number stays below 2^53. Mirrors src/algorithm/token_bucket.rs.
 --
 -- key  "T" .. (tokens, last) packed (tokens in fixed point, last update in µs)
 local function token_bucket(key, now, slack, count, burst, period, cost)

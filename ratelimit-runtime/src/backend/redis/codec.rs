@@ -1,0 +1,289 @@
+//! The wire protocol of the batch script (`lua/batch.lua`), typed: one
+//! encoder for what a call sends and one decoder for what it answers. Every
+//! call uses them: a check that goes alone is a batch of one.
+//!
+//! A call is `FCALL <function> <n> KEYS.. ARGV..` (or `EVALSHA`):
+//!
+//! | argument | what |
+//! |---|---|
+//! | `KEYS` | one key per check, then one per release |
+//! | `ARGV[1]` | the batch's distinct rules, 6 big-endian doubles each: [`Op`] id, count, burst, period (µs), [`Clock`] (µs; -1 for the server's `TIME`), whether its checks carry a lease id (1/0) |
+//! | `ARGV[2]` | one byte per check: the number (from 1) of its rule in `ARGV[1]` |
+//! | `ARGV[3]` | the costs, one big-endian double per check then per release; empty when every cost is 1 |
+//! | `ARGV[4]` | how many checks, first in `KEYS`, keep a string state and are the first of their key: the script reads them all in one `MGET` |
+//! | `ARGV[5..]` | the lease ids in decimal (64 bits do not fit a double): one per check whose rule carries one, in order, then one per release |
+//!
+//! The answer is 4 big-endian doubles per check, packed in one string:
+//! allowed (1/0), remaining, reset after (µs), retry after (µs). Releases
+//! answer nothing. Every number is a whole number below 2^53, exact as a
+//! double; packing spares the server formatting and parsing text.
+//!
+//! What each algorithm keeps under its key (one key per rule and subject,
+//! every write with a TTL):
+//!
+//! | algorithm | Redis type | value |
+//! |---|---|---|
+//! | fixed window | string | `"F"` + (used, window end µs) |
+//! | sliding log | string, then sorted set | `"L"` + the units' times (µs), oldest first; past a few units a sorted set, one member per unit scored by its time |
+//! | sliding window | string | `"W"` + (window start µs, current count, previous count) |
+//! | token bucket | string | `"T"` + (tokens in fixed point, last update µs) |
+//! | GCRA | string | `"G"` + (theoretical arrival µs, remainder in 1/count µs) |
+//! | concurrency | sorted set | a member per lease (`"<id>"`, or `"<id>:<unit>"` per unit), scored by its expiry (µs), and `"epoch"` |
+//!
+//! Numbers after the tag byte are big-endian doubles.
+
+use redis::Cmd;
+
+use crate::algorithm::{Outcome, REGISTRY, spec};
+use crate::{Algorithm, Error, Rule};
+
+/// What a job asks of the batch script.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Op {
+    /// A check (or a lease taken) under this algorithm.
+    Check(Algorithm),
+    /// A lease given back.
+    Release,
+}
+
+impl Op {
+    /// Its id on the wire: an algorithm's place in the registry plus one
+    /// (the batch script's `run` table is written from the registry); a
+    /// release after every algorithm.
+    pub(super) fn id(self) -> u8 {
+        match self {
+            Op::Check(algorithm) => algorithm as u8 + 1,
+            Op::Release => REGISTRY.len() as u8 + 1,
+        }
+    }
+}
+
+/// The clock a check runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Clock {
+    /// The server's `TIME`: every check of the limiter.
+    Server,
+    /// A fixed time (µs since the Unix epoch), for tests that hold Redis and
+    /// the memory backend side by side. Keys written so get an hour's extra
+    /// TTL, since their times are not the server's.
+    Fixed(u64),
+}
+
+/// One job as the script sees it, but its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Call {
+    pub(super) op: Op,
+    pub(super) count: u64,
+    pub(super) burst: u64,
+    pub(super) period_us: u64,
+    pub(super) cost: u64,
+    pub(super) clock: Clock,
+    pub(super) lease: Option<u64>,
+}
+
+impl Call {
+    pub(super) fn new(op: Op, rule: &Rule, cost: u64, clock: Clock, lease: Option<u64>) -> Call {
+        Call {
+            op,
+            count: rule.count(),
+            burst: rule.burst(),
+            period_us: rule.period_us(),
+            cost,
+            clock,
+            lease,
+        }
+    }
+
+    /// Where the call goes in a batch: 0 a check whose state is a string
+    /// (read ahead; a sliding log's is, until it outgrows one), 1 a check
+    /// that holds leases (a sorted set), 2 a release.
+    pub(super) fn place(&self) -> u8 {
+        match self.op {
+            Op::Check(algorithm) if spec(algorithm).leases => 1,
+            Op::Check(_) => 0,
+            Op::Release => 2,
+        }
+    }
+
+    /// What a check shares with the checks of the same rule in a batch.
+    fn rule(&self) -> [u64; 6] {
+        let now = match self.clock {
+            Clock::Server => u64::MAX,
+            Clock::Fixed(now) => now,
+        };
+        [
+            u64::from(self.op.id()),
+            self.count,
+            self.burst,
+            self.period_us,
+            now,
+            u64::from(self.lease.is_some()),
+        ]
+    }
+}
+
+/// Appends a batch's keys and arguments to `cmd` (after the script or
+/// function it calls). `calls` are in the batch's order: the checks
+/// ([`Call::place`] 0, then 1), then the releases; the first `read_ahead`
+/// checks keep string states and are each the first of its key.
+pub(super) fn encode<'a>(
+    cmd: &mut Cmd,
+    calls: impl Iterator<Item = (&'a [u8], &'a Call)> + Clone,
+    read_ahead: usize,
+) {
+    let checks = calls.clone().filter(|(_, c)| c.op != Op::Release).count();
+    cmd.arg(calls.clone().count());
+    for (key, _) in calls.clone() {
+        cmd.arg(key);
+    }
+    // Each distinct rule once, then one byte per check: its rule's number.
+    let mut rules: Vec<[u64; 6]> = Vec::new();
+    let mut order = Vec::with_capacity(checks);
+    for (_, call) in calls.clone().take(checks) {
+        let rule = call.rule();
+        let at = rules.iter().position(|r| *r == rule).unwrap_or_else(|| {
+            rules.push(rule);
+            rules.len() - 1
+        });
+        // A batch holds at most 128 checks, so as many rules: one byte, from 1.
+        order.push(u8::try_from(at + 1).unwrap_or(u8::MAX));
+    }
+    let mut packed = Vec::with_capacity(rules.len() * 6 * 8);
+    for rule in &rules {
+        for (i, &number) in rule.iter().enumerate() {
+            // The clock's "server" is -1 on the wire.
+            let number = if i == 4 && number == u64::MAX {
+                -1.0
+            } else {
+                number as f64
+            };
+            packed.extend_from_slice(&number.to_be_bytes());
+        }
+    }
+    let costs: Vec<u8> = if calls.clone().all(|(_, c)| c.cost == 1) {
+        Vec::new()
+    } else {
+        calls
+            .clone()
+            .flat_map(|(_, c)| (c.cost as f64).to_be_bytes())
+            .collect()
+    };
+    cmd.arg(packed).arg(order).arg(costs).arg(read_ahead);
+    for lease in calls.filter_map(|(_, c)| c.lease) {
+        cmd.arg(lease);
+    }
+}
+
+/// The checks' answers from the script's reply.
+///
+/// # Errors
+///
+/// A reply that is not 4 numbers per check.
+pub(super) fn decode(reply: &[u8], checks: usize) -> Result<Vec<Outcome>, Error> {
+    if reply.len() != 32 * checks {
+        return Err(Error::Config(format!(
+            "the batch script answered {} bytes for {checks} checks",
+            reply.len()
+        )));
+    }
+    Ok(reply
+        .chunks_exact(32)
+        .map(|answer| {
+            let number = |i: usize| {
+                let bytes: [u8; 8] = answer[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]);
+                let n = f64::from_be_bytes(bytes);
+                if n > 0.0 { n as u64 } else { 0 }
+            };
+            Outcome {
+                allowed: number(0) == 1,
+                remaining: number(1),
+                reset_after_us: number(2),
+                retry_after_us: number(3),
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn args(cmd: &Cmd) -> Vec<Vec<u8>> {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn op_ids_follow_the_registry_and_a_release_comes_after_them() {
+        for (i, algorithm) in Algorithm::ALL.iter().enumerate() {
+            assert_eq!(usize::from(Op::Check(*algorithm).id()), i + 1);
+        }
+        assert_eq!(usize::from(Op::Release.id()), Algorithm::ALL.len() + 1);
+    }
+
+    #[test]
+    fn rules_are_sent_once_and_checks_name_them_by_number() {
+        let a = Rule::fixed_window(10, Duration::from_secs(1));
+        let b = Rule::gcra(5, Duration::from_secs(2));
+        let calls = [
+            (
+                &b"k1"[..],
+                Call::new(Op::Check(a.algorithm()), &a, 1, Clock::Server, None),
+            ),
+            (
+                &b"k2"[..],
+                Call::new(Op::Check(b.algorithm()), &b, 1, Clock::Fixed(7), None),
+            ),
+            (
+                &b"k3"[..],
+                Call::new(Op::Check(a.algorithm()), &a, 1, Clock::Server, None),
+            ),
+            (
+                &b"k4"[..],
+                Call::new(Op::Release, &a, 1, Clock::Server, Some(42)),
+            ),
+        ];
+        let mut cmd = redis::cmd("FCALL");
+        encode(&mut cmd, calls.iter().map(|(k, c)| (*k, c)), 2);
+        let args = args(&cmd);
+        assert_eq!(args[1], b"4", "four keys");
+        assert_eq!(&args[2..6], [b"k1", b"k2", b"k3", b"k4"]);
+        let rules = &args[6];
+        assert_eq!(rules.len(), 2 * 48, "two distinct rules");
+        let number = |i: usize| f64::from_be_bytes(rules[8 * i..8 * i + 8].try_into().unwrap());
+        assert_eq!(number(0), 1.0, "fixed window's op id");
+        assert_eq!(number(4), -1.0, "the server's clock");
+        assert_eq!(number(6), 5.0, "gcra's op id");
+        assert_eq!(number(10), 7.0, "a fixed clock");
+        assert_eq!(args[7], [1, 2, 1], "each check's rule");
+        assert!(args[8].is_empty(), "every cost is 1");
+        assert_eq!(args[9], b"2");
+        assert_eq!(args[10], b"42", "the release's lease id");
+    }
+
+    #[test]
+    fn answers_decode_and_a_short_reply_is_an_error() {
+        let mut reply = Vec::new();
+        for n in [1.0f64, 9.0, 1000.0, 0.0] {
+            reply.extend_from_slice(&n.to_be_bytes());
+        }
+        let outcomes = decode(&reply, 1).unwrap();
+        assert_eq!(
+            outcomes,
+            [Outcome {
+                allowed: true,
+                remaining: 9,
+                reset_after_us: 1000,
+                retry_after_us: 0
+            }]
+        );
+        assert!(decode(&reply, 2).is_err());
+        assert!(decode(&[], 0).unwrap().is_empty());
+    }
+}
