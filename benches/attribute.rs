@@ -1,7 +1,7 @@
 //! What `#[rate_limit]` costs over calling the runtime by hand, on the
 //! in-memory backend: the same rule, the same key, the same outcome.
 //!
-//! `cargo bench --bench attribute`
+//! `cargo bench -p ratelimit-benches --bench attribute`
 
 use std::hint::black_box;
 use std::time::Duration;

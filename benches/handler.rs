@@ -14,7 +14,7 @@
 //! request is timed. The attribute's code and data then come from further
 //! away, which is closer to what it costs in a server than the hot loop.
 //!
-//! `cargo bench --bench handler`
+//! `cargo bench -p ratelimit-benches --bench handler`
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! The in-memory backend, per check, next to governor's keyed limiter
 //! (`String` keys) on the same inputs.
 //!
-//! `cargo bench --bench memory`
+//! `cargo bench -p ratelimit-benches --bench memory`
 //!
 //! - `single_key`: one key, one thread.
 //! - `single_key_2_threads`: one key, 2 threads at once: both update one

@@ -4,9 +4,9 @@
 //! one (the order alternates), so a drift of the shared machine falls on
 //! both halves of a pair alike.
 //!
-//! `cargo bench --bench threads [-- --rounds 21 --checks 1000000]`
+//! `cargo bench -p ratelimit-benches --bench threads [-- --rounds 21 --checks 1000000]`
 //!
-//! `cargo bench --bench threads -- --turns [--rounds 5]` measures instead
+//! `cargo bench -p ratelimit-benches --bench threads -- --turns [--rounds 5]` measures instead
 //! what one check costs when two threads take turns on one key, each check
 //! finding the key's memory last written by the other core (as a global
 //! limit's checks do on a server's workers): per turn, the turn alone, a

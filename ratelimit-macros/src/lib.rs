@@ -136,20 +136,23 @@ use proc_macro::TokenStream;
 /// the body becomes, in outline:
 ///
 /// ```text
-/// static __RATELIMIT_SITE_0: Site = Site::new(
+/// static __RATELIMIT_SITE_0: Site = Site::new("report:{user_id}",
 ///     Rule::new(Algorithm::FixedWindow, 2, Duration::from_millis(60000)), 1, None, None, false);
 /// let __ratelimit_permit_0 = match check(&__RATELIMIT_SITE_0, &format!("limiter:report:{}", user_id)).await {
-///     Ok(permit) => permit,
+///     Ok(pass) => pass, // held until the body has run
 ///     Err(limited) => return <Result<String, RateLimited> as Reject>::reject(limited), // Err(limited.into())
 /// };
 /// /* the original body */
 /// ```
 ///
+/// `check` is the runtime's decision pipeline (`ratelimit_runtime::pipeline`),
+/// the same one its HTTP middleware uses.
+///
 /// Paths are absolute (`::ratelimit_runtime::__private::...`). A key without
 /// placeholders is one `&'static str` built at compile time, so a call
-/// allocates nothing for it; the rule is a `static`. The attribute costs a
-/// few percent over the same check written by hand (`cargo bench --bench
-/// attribute`). Everything else of the fn (attributes, docs, visibility,
+/// allocates nothing for it; the rule is a `static`. The attribute costs
+/// about what the same check written by hand costs (`cargo bench -p
+/// ratelimit-benches --bench attribute`). Everything else of the fn (attributes, docs, visibility,
 /// generics, lifetimes) is kept as written.
 #[proc_macro_attribute]
 pub fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {

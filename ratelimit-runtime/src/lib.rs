@@ -119,18 +119,17 @@ pub use ratelimit_macros::rate_limit;
 pub mod __private {
     pub use crate::keys::SafePart;
     pub use crate::pipeline::{Reject, SITES, Site, check, reject};
-    pub use crate::{Algorithm, OnError, RateLimited, Rule};
+    pub use crate::{Algorithm, OnError, Rule};
     pub use ::core::option::Option;
     pub use ::core::result::Result;
     pub use ::linkme;
     pub use ::std::format;
-    pub use ::std::string::String;
     pub use ::std::time::Duration;
 
     /// actix-web handlers.
     #[cfg(feature = "actix")]
     pub mod actix {
-        pub use crate::actix::{By, allowed, check, demoted, limiter_for, refused};
+        pub use crate::actix::{By, allowed, check, demoted, refused};
         pub use crate::pipeline::Report;
         pub use ::actix_web::{HttpRequest, HttpResponse};
     }

@@ -243,14 +243,13 @@ impl RateLimiter {
         validate_cost(rule, cost)?;
         match &*self.store {
             Store::Memory(memory) => {
-                let decision = if holds_leases(rule) {
-                    let id = next_lease_id();
-                    let decision = memory.acquire_now(rule, key, cost, id);
-                    return Ok(self.permit(rule, key, cost, id, decision, false));
+                let id = if holds_leases(rule) {
+                    next_lease_id()
                 } else {
-                    memory.check_now(rule, key, cost)
+                    0
                 };
-                Ok(self.permit(rule, key, cost, 0, decision, false))
+                let decision = in_memory(memory, rule, key, cost, id);
+                Ok(self.permit(rule, key, cost, id, decision, false))
             }
             _ => Box::pin(self.acquire_from_backend(rule, key, cost, on_error)).await,
         }
@@ -297,7 +296,7 @@ impl RateLimiter {
         let concurrency = holds_leases(rule);
         let id = if concurrency { next_lease_id() } else { 0 };
         let (decision, held_by_insurance) = match &*self.store {
-            Store::Memory(memory) => (memory.check_now(rule, key, cost), false),
+            Store::Memory(memory) => (in_memory(memory, rule, key, cost, id), false),
             #[cfg(feature = "redis")]
             Store::Redis {
                 redis,
@@ -336,10 +335,7 @@ impl RateLimiter {
                             breaker.failed(&error, on_error);
                         }
                         match on_error {
-                            OnError::Local if concurrency => {
-                                (insurance.acquire_now(rule, key, cost, id), true)
-                            }
-                            OnError::Local => (insurance.check_now(rule, key, cost), true),
+                            OnError::Local => (in_memory(insurance, rule, key, cost, id), true),
                             OnError::Allow => return Ok(Permit::allowed_unchecked(rule)),
                             OnError::Deny => return Err(error),
                         }
@@ -352,6 +348,16 @@ impl RateLimiter {
             Store::Custom(backend) => (backend.check(rule, key, cost).await?, false),
         };
         Ok(self.permit(rule, key, cost, id, decision, held_by_insurance))
+    }
+}
+
+/// One check in process memory; for a rule that holds leases, lease `id` is
+/// taken.
+fn in_memory(memory: &MemoryBackend, rule: &Rule, key: &str, cost: u64, id: u64) -> Decision {
+    if holds_leases(rule) {
+        memory.acquire_now(rule, key, cost, id)
+    } else {
+        memory.check_now(rule, key, cost)
     }
 }
 

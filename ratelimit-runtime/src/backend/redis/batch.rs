@@ -247,15 +247,16 @@ pub(super) async fn send_batch(
     let strings = jobs.partition_point(|job| job.place() < 1);
     let read_ahead = firsts_first(&mut jobs[..strings]);
     // The call: FCALL of the library's function, or EVALSHA of the script.
+    let script = scripts.for_calls(jobs.iter().map(|job| &job.call));
     let call = |function: bool| {
-        let mut cmd = script_call(function, &scripts.library.function, &scripts.batch);
+        let mut cmd = script_call(function, &scripts.library.function, script);
         let calls = jobs.iter().map(|job| (job.key.as_bytes(), &job.call));
         codec::encode(&mut cmd, calls, read_ahead);
         cmd
     };
     let run = async {
         let mut live = conn.get(scripts).await?;
-        call_script(&mut live, conn, scripts, &scripts.batch, call)
+        call_script(&mut live, conn, scripts, script, call)
             .await
             .map_err(|error| {
                 // A cluster connection that is gone is made again next time.

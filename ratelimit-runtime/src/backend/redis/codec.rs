@@ -73,6 +73,8 @@ pub(super) enum Clock {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Call {
     pub(super) op: Op,
+    /// The rule's algorithm (a release's too: it picks the script).
+    pub(super) algorithm: Algorithm,
     pub(super) count: u64,
     pub(super) burst: u64,
     pub(super) period_us: u64,
@@ -85,6 +87,7 @@ impl Call {
     pub(super) fn new(op: Op, rule: &Rule, cost: u64, clock: Clock, lease: Option<u64>) -> Call {
         Call {
             op,
+            algorithm: rule.algorithm(),
             count: rule.count(),
             burst: rule.burst(),
             period_us: rule.period_us(),

@@ -1,11 +1,15 @@
 //! The Lua the server runs, assembled from the algorithm registry: the batch
 //! script (any checks and releases in one call, a lone check being a batch
 //! of one), by `EVALSHA`, and the same as a function library (`FCALL`, Redis
-//! 7 and later), whose prelude and algorithms run once, at load.
+//! 7 and later), whose prelude and algorithms run once, at load. A batch of
+//! one algorithm's calls (every lone call among them) goes by `EVALSHA` of
+//! that algorithm's own copy of the script, which defines only it: a script
+//! defines its Lua functions anew at every call.
 
 use redis::Script;
 
-use crate::algorithm::REGISTRY;
+use super::codec::Call;
+use crate::algorithm::{REGISTRY, Spec};
 
 /// The library functions the scripts use, bound to locals.
 pub(super) const BIND: &str = include_str!("lua/bind.lua");
@@ -14,40 +18,69 @@ const PRELUDE: &str = include_str!("lua/prelude.lua");
 /// The driver of a batch (after `local run = {<algorithms>}`).
 const BATCH_DRIVER: &str = include_str!("lua/batch.lua");
 
-/// The prelude and every algorithm's function: what the batch script and
-/// the library define before their drivers.
-fn body() -> String {
+/// The prelude and these algorithms' functions: what a script and the
+/// library define before the driver.
+fn body<'a>(specs: impl Iterator<Item = &'a Spec>) -> String {
     let mut body = String::from(PRELUDE);
-    for spec in &REGISTRY {
+    for spec in specs {
         body.push_str(spec.lua);
     }
     body
 }
 
-/// The batch driver's table of algorithms by op id (the registry's order).
-fn run_table() -> String {
-    let names: Vec<&str> = REGISTRY.iter().map(|spec| spec.name).collect();
-    format!("local run = {{{}}}\n", names.join(", "))
+/// The driver's table of these algorithms by op id (place in the registry
+/// plus one).
+fn run_table<'a>(specs: impl Iterator<Item = &'a Spec>) -> String {
+    let mut table = String::from("local run = {}\n");
+    for spec in specs {
+        let id = spec.algorithm as usize + 1;
+        table.push_str(&format!("run[{id}] = {}\n", spec.name));
+    }
+    table
+}
+
+/// A batch script of these algorithms.
+fn script<'a>(specs: impl Iterator<Item = &'a Spec> + Clone) -> Script {
+    Script::new(&[BIND, &body(specs.clone()), &run_table(specs), BATCH_DRIVER].concat())
 }
 
 pub(super) struct Scripts {
     /// Any checks and releases in one call.
     pub(super) batch: Script,
+    /// The same for one algorithm's calls, indexed like the registry.
+    by_algorithm: Vec<Script>,
     /// The same as a function library.
     pub(super) library: Library,
 }
 
 impl Scripts {
     pub(super) fn new() -> Scripts {
-        let batch = [BIND, &body(), &run_table(), BATCH_DRIVER].concat();
         Scripts {
-            batch: Script::new(&batch),
+            batch: script(REGISTRY.iter()),
+            by_algorithm: REGISTRY
+                .iter()
+                .map(std::slice::from_ref)
+                .map(|one| script(one.iter()))
+                .collect(),
             library: Library::new(),
         }
     }
 
     pub(super) fn all(&self) -> impl Iterator<Item = &Script> {
-        [&self.batch].into_iter()
+        std::iter::once(&self.batch).chain(&self.by_algorithm)
+    }
+
+    /// The script for these calls: their algorithm's own, when they share
+    /// one, else the batch script of every algorithm.
+    pub(super) fn for_calls<'a>(&self, mut calls: impl Iterator<Item = &'a Call>) -> &Script {
+        let Some(first) = calls.next() else {
+            return &self.batch;
+        };
+        if calls.all(|call| call.algorithm == first.algorithm) {
+            &self.by_algorithm[first.algorithm as usize]
+        } else {
+            &self.batch
+        }
     }
 }
 
@@ -65,8 +98,8 @@ pub(super) struct Library {
 
 impl Library {
     pub(super) fn new() -> Library {
-        let body = body();
-        let batch_driver = [run_table().as_str(), BATCH_DRIVER].concat();
+        let body = body(REGISTRY.iter());
+        let batch_driver = [run_table(REGISTRY.iter()).as_str(), BATCH_DRIVER].concat();
         // What the library runs, hashed: a change to any of it is a new
         // version, with names of its own.
         let digest = sha1_smol::Sha1::from([body.as_str(), &batch_driver].concat())
