@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A monotonic clock: time elapsed since an arbitrary, fixed origin.
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
@@ -12,41 +12,24 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn now(&self) -> Duration;
 }
 
-/// The system's monotonic clock; the default.
-///
-/// It reads the CPU's time-stamp counter through `quanta` where that is
-/// reliable (invariant TSC, calibrated against the OS clock), which is several
-/// times cheaper than `Instant::now()` on virtual machines, and the OS's
-/// monotonic clock otherwise.
-#[derive(Clone, Debug)]
+/// The system's monotonic clock ([`Instant`]); the default.
+#[derive(Clone, Copy, Debug)]
 pub struct SystemClock {
-    clock: quanta::Clock,
-    /// The origin as the clock's raw reading (TSC ticks, or ns of the OS's
-    /// clock where quanta falls back to it).
-    origin: u64,
+    origin: Instant,
 }
 
 impl SystemClock {
     /// A clock whose origin is now.
     pub fn new() -> SystemClock {
-        let clock = quanta::Clock::new();
-        let origin = clock.raw();
-        SystemClock { clock, origin }
+        SystemClock {
+            origin: Instant::now(),
+        }
     }
 
     /// Whole µs since the origin: what the in-memory store reads at every
-    /// check. The raw reading is scaled once, straight to ns (no `Duration`
-    /// made and taken apart again, no dynamic call when the store knows its
-    /// clock is this one).
-    #[inline]
+    /// check.
     pub(crate) fn now_micros(&self) -> u64 {
-        self.nanos() / 1000
-    }
-
-    /// Whole ns since the origin.
-    #[inline]
-    fn nanos(&self) -> u64 {
-        self.clock.delta_as_nanos(self.origin, self.clock.raw())
+        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 }
 
@@ -58,7 +41,7 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Duration {
-        Duration::from_nanos(self.nanos())
+        self.origin.elapsed()
     }
 }
 

@@ -11,13 +11,16 @@
 
 mod middleware;
 
+use std::sync::LazyLock;
+
 use actix_web::body::BoxBody;
 use actix_web::http::StatusCode;
+use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, Responder, ResponseError, web};
 
 pub use middleware::{RateLimit, RateLimitService};
 
-use crate::http::{HttpOptions, Refusal, header_subject};
+use crate::http::{Field, HttpOptions, Refusal, header_subject};
 use crate::pipeline::{self, Pass, Report, Site};
 use crate::{Cause, RateLimited, RateLimiter};
 
@@ -139,21 +142,29 @@ pub(crate) fn response(refusal: Refusal) -> HttpResponse {
     response
 }
 
-/// Adds header fields of the `http` crate to an actix-web response.
-pub(crate) fn append<B>(
-    response: &mut HttpResponse<B>,
-    fields: Vec<(::http::HeaderName, ::http::HeaderValue)>,
-) {
-    use actix_web::http::header::{HeaderName, HeaderValue};
+/// Adds header fields to an actix-web response.
+pub(crate) fn append<B>(response: &mut HttpResponse<B>, fields: Vec<Field>) {
     let headers = response.headers_mut();
     for (name, value) in fields {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_str().as_bytes()),
-            HeaderValue::from_bytes(value.as_bytes()),
-        ) {
-            headers.append(name, value);
+        let value = HeaderValue::from_maybe_shared(actix_web::web::Bytes::from(value));
+        if let Ok(value) = value {
+            headers.append(header_name(name), value);
         }
     }
+}
+
+/// The actix-web name of a field the `http` module writes, made once.
+fn header_name(name: &'static str) -> HeaderName {
+    static NAMES: LazyLock<Vec<(&str, HeaderName)>> = LazyLock::new(|| {
+        crate::http::FIELD_NAMES
+            .iter()
+            .map(|&name| (name, HeaderName::from_static(name)))
+            .collect()
+    });
+    NAMES
+        .iter()
+        .find(|(known, _)| *known == name)
+        .map_or_else(|| HeaderName::from_static(name), |(_, known)| known.clone())
 }
 
 /// `429 Too Many Requests` (`503` for a backend failure under `deny`, `400`

@@ -5,26 +5,52 @@
 
 use std::time::Duration;
 
-use ::http::header::{CONTENT_TYPE, RETRY_AFTER};
-use ::http::{HeaderName, HeaderValue, StatusCode};
+use ::http::StatusCode;
 
 use super::{HeaderStyle, HttpOptions};
 use crate::pipeline::Report;
 use crate::{Cause, RateLimited};
 
-const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+/// A header field for a response: its name (lowercase, as HTTP/2 sends it)
+/// and its value, for any framework's header types without parsing the name
+/// or copying the value (`HeaderName::from_static`, a value from the
+/// string's bytes).
+pub type Field = (&'static str, String);
+
+/// The draft's policy field: each rule's limit and window.
+pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
+/// The draft's state field: each rule's remaining units and reset.
+pub const RATELIMIT: &str = "ratelimit";
+const X_LIMIT: &str = "x-ratelimit-limit";
+const X_REMAINING: &str = "x-ratelimit-remaining";
+const X_RESET: &str = "x-ratelimit-reset";
+const RETRY_AFTER: &str = "retry-after";
+const CONTENT_TYPE: &str = "content-type";
+
+/// Every field name this module writes, for adapters that keep their own
+/// header names made once.
+pub(crate) const FIELD_NAMES: [&str; 7] = [
+    RATELIMIT_POLICY,
+    RATELIMIT,
+    X_LIMIT,
+    X_REMAINING,
+    X_RESET,
+    RETRY_AFTER,
+    CONTENT_TYPE,
+];
 
 /// The rate-limit header fields, in `style`, for the rules a call went
 /// through (none for no report).
 pub fn rate_limit_headers<'a>(
     style: HeaderStyle,
     reports: impl IntoIterator<Item = &'a Report> + Clone,
-) -> Vec<(HeaderName, HeaderValue)> {
+) -> Vec<Field> {
     let mut fields = Vec::new();
+    let draft = matches!(style, HeaderStyle::Draft | HeaderStyle::Both);
+    let legacy = matches!(style, HeaderStyle::Legacy | HeaderStyle::Both);
+    if !draft && !legacy {
+        return fields;
+    }
     let Some(tightest) = reports
         .clone()
         .into_iter()
@@ -32,25 +58,26 @@ pub fn rate_limit_headers<'a>(
     else {
         return fields;
     };
-    if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
+    fields.reserve(2 * usize::from(draft) + 3 * usize::from(legacy));
+    if draft {
         let policy = sf_list(reports.clone(), |r| [("q", r.limit), ("w", window(r))]);
         let state = sf_list(reports, |r| {
             [("r", r.remaining), ("t", secs_up(r.reset_after))]
         });
-        if let (Ok(policy), Ok(state)) =
-            (HeaderValue::try_from(policy), HeaderValue::try_from(state))
-        {
-            fields.push((RATELIMIT_POLICY, policy));
-            fields.push((RATELIMIT, state));
-        }
+        fields.push((RATELIMIT_POLICY, policy));
+        fields.push((RATELIMIT, state));
     }
-    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
+    if legacy {
         // One set of numbers: the rule closest to refusing.
-        fields.push((X_LIMIT, tightest.limit.into()));
-        fields.push((X_REMAINING, tightest.remaining.into()));
-        fields.push((X_RESET, secs_up(tightest.reset_after).into()));
+        fields.push((X_LIMIT, decimal(tightest.limit)));
+        fields.push((X_REMAINING, decimal(tightest.remaining)));
+        fields.push((X_RESET, decimal(secs_up(tightest.reset_after))));
     }
     fields
+}
+
+fn decimal(n: u64) -> String {
+    itoa::Buffer::new().format(n).to_owned()
 }
 
 /// A refusal as an HTTP response, for any framework to send.
@@ -60,7 +87,7 @@ pub struct Refusal {
     /// `400` when a per-client rule cannot tell who the client is.
     pub status: StatusCode,
     /// `Content-Type`, `Retry-After` and the rate-limit fields.
-    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub headers: Vec<Field>,
     /// Plain text, or JSON ([`HttpOptions::json_body`]).
     pub body: String,
 }
@@ -90,20 +117,17 @@ pub fn refusal(limited: &RateLimited, passed: &[Report], options: &HttpOptions) 
     };
     let mut headers = Vec::new();
     let body = if options.json {
-        headers.push((CONTENT_TYPE, HeaderValue::from_static("application/json")));
+        headers.push((CONTENT_TYPE, "application/json".to_owned()));
         format!(
             "{{\"error\":\"{code}\",\"retry_after\":{retry},\"limit\":{},\"remaining\":{}}}",
             limited.limit, limited.remaining
         )
     } else {
-        headers.push((
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        ));
+        headers.push((CONTENT_TYPE, "text/plain; charset=utf-8".to_owned()));
         text
     };
     if limited.cause != Cause::UnknownClient {
-        headers.push((RETRY_AFTER, HeaderValue::from(retry)));
+        headers.push((RETRY_AFTER, decimal(retry)));
     }
     let refusing = (limited.cause == Cause::OverLimit).then(|| Report::from_refusal(limited));
     headers.extend(rate_limit_headers(
@@ -132,7 +156,8 @@ fn sf_list<'a>(
     reports: impl IntoIterator<Item = &'a Report>,
     params: impl Fn(&Report) -> [(&'static str, u64); 2],
 ) -> String {
-    let mut out = String::new();
+    let mut out = String::with_capacity(64);
+    let mut digits = itoa::Buffer::new();
     for (i, report) in reports.into_iter().enumerate() {
         if i > 0 {
             out.push_str(", ");
@@ -142,7 +167,7 @@ fn sf_list<'a>(
             out.push(';');
             out.push_str(name);
             out.push('=');
-            out.push_str(&value.to_string());
+            out.push_str(digits.format(value));
         }
     }
     out
@@ -152,6 +177,14 @@ fn sf_list<'a>(
 /// ASCII replaced by `?`.
 fn push_sf_string(out: &mut String, name: &str) {
     out.push('"');
+    if name
+        .bytes()
+        .all(|b| matches!(b, b' '..=b'~') && b != b'"' && b != b'\\')
+    {
+        out.push_str(name);
+        out.push('"');
+        return;
+    }
     for c in name.chars() {
         match c {
             '"' | '\\' => {
@@ -205,8 +238,8 @@ mod tests {
             report("naïve\\", u64::MAX, Duration::ZERO, 5, Duration::ZERO),
         ];
         let mut rendered: Vec<(String, String)> = rate_limit_headers(HeaderStyle::Both, &reports)
-            .iter()
-            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+            .into_iter()
+            .map(|(n, v)| (n.to_owned(), v))
             .collect();
         rendered.sort();
         let mut expected = [

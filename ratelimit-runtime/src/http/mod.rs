@@ -10,7 +10,8 @@ mod headers;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-pub use headers::{Refusal, rate_limit_headers, refusal};
+pub(crate) use headers::FIELD_NAMES;
+pub use headers::{Field, RATELIMIT, RATELIMIT_POLICY, Refusal, rate_limit_headers, refusal};
 
 use crate::Error;
 
