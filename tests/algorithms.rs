@@ -450,3 +450,49 @@ async fn a_lease_key_outlives_its_newest_lease() {
         }
     }
 }
+
+/// A GCRA key filled under a small `count`, then checked under a much larger
+/// one (an override): the memory backend's `(tat - now) * count` went past
+/// 2^64 (wrapping in a release build, a panic in a debug one) where the Lua
+/// script refused. Both now refuse alike, with the same numbers, and agree
+/// again once the rule is back.
+#[tokio::test]
+async fn gcra_after_a_raised_count_agrees_without_overflow() {
+    let server = RedisServer::start();
+    for redis in [
+        redis_backend(&server).await,
+        redis_backend(&server).await.batch_every_check(),
+    ] {
+        let key = format!("limiter:gcra-raised-{}", EPOCH_US);
+        let period = Duration::from_secs(75 * 60);
+        let written = Rule::gcra(1, period).with_burst(1_000_000);
+        let raised = Rule::gcra(10_000, period).with_burst(1_000_000);
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_micros(EPOCH_US));
+        let memory = MemoryBackend::with_clock(clock.clone());
+        let mut now = EPOCH_US;
+        for (step, (rule, cost, advance)) in [
+            (written, 1_000_000, 0),
+            (raised, 1, 1),
+            (raised, 10_000, 1_000),
+            (written, 1, 1_000_000),
+            (raised, 1_000_000, 60_000_000),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            clock.advance(Duration::from_micros(advance));
+            now += advance;
+            let from_memory = memory.check_now(&rule, &key, cost);
+            let from_redis = redis
+                .check_at(&rule, &key, cost, Duration::from_micros(now))
+                .await
+                .unwrap();
+            assert_eq!(from_redis, from_memory, "step {step}");
+        }
+        redis::cmd("DEL")
+            .arg(&key)
+            .query::<i64>(&mut server.connection())
+            .unwrap();
+    }
+}

@@ -6,12 +6,22 @@ use crate::Rule;
 pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) -> Outcome {
     let (count, period) = (rule.count(), rule.period_us());
     let tolerance = rule.burst() * period;
+    let step = cost * period;
     // How far the theoretical arrival time is ahead of now, in 1/count µs.
     let ahead = match *slot {
-        Some(State::Gcra { tat, rem }) if tat >= now => (tat - now) * count + rem,
+        Some(State::Gcra { tat, rem }) if tat >= now => {
+            let whole = tat - now;
+            if whole > tolerance / count + 1 {
+                // Further ahead than the tolerance allows (a rule whose count
+                // was raised since): refused, and its numbers worked out
+                // without `whole * count`, which may not fit in 64 bits (nor
+                // in the doubles of the Lua script, which does the same).
+                return far_ahead(whole, rem, count, step, tolerance);
+            }
+            whole * count + rem
+        }
         _ => 0,
     };
-    let step = cost * period;
     let allowed = ahead + step <= tolerance;
     let ahead = if allowed {
         let ahead = ahead + step;
@@ -33,5 +43,20 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
         } else {
             (ahead + step - tolerance).div_ceil(count)
         },
+    }
+}
+
+/// The refusal of a key whose TAT is `whole` µs (and `rem` / `count`) ahead,
+/// more than the tolerance: `ceil((whole * count + rem + x) / count)` is
+/// `whole + ceil((rem + x) / count)`, with no product that can overflow.
+fn far_ahead(whole: u64, rem: u64, count: u64, step: u64, tolerance: u64) -> Outcome {
+    let count = i128::from(count);
+    let ceil = |n: i128| n.div_euclid(count) + i128::from(n.rem_euclid(count) > 0);
+    let after = |x: i128| u64::try_from(i128::from(whole) + ceil(i128::from(rem) + x)).unwrap_or(0);
+    Outcome {
+        allowed: false,
+        remaining: 0,
+        reset_after_us: after(0),
+        retry_after_us: after(i128::from(step) - i128::from(tolerance)),
     }
 }

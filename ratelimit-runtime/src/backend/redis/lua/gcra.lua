@@ -8,12 +8,22 @@
 -- key  "G" .. (tat, rem) packed
 local function gcra(key, now, slack, count, burst, period, cost)
     local tolerance = burst * period
+    local step = cost * period
     -- How far the TAT is ahead of now, in 1/count µs.
     local ahead = 0
     local tat, rem = load(key, 71, 2) -- 71: "G"
-    if tat and tat >= now then ahead = (tat - now) * count + rem end
+    if tat and tat >= now then
+        local whole = tat - now
+        if whole > idiv(tolerance, count) + 1 then
+            -- Further ahead than the tolerance allows (a rule whose count was
+            -- raised since): refused, worked out without whole * count, which
+            -- may be past 2^53 where doubles are no longer exact.
+            return 0, 0, whole + ceil_div(rem, count),
+                whole + ceil_div(rem + step - tolerance, count)
+        end
+        ahead = whole * count + rem
+    end
 
-    local step = cost * period
     local allowed = 0
     if ahead + step <= tolerance then
         allowed = 1
