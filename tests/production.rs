@@ -452,6 +452,35 @@ async fn the_over_limit_cache_refuses_locally_until_the_time_redis_named() {
     assert_eq!(script_calls(&server), before + 2);
 }
 
+/// The over-limit cache follows the rule: after an override raises `count`
+/// (the pipeline then checks under the raised rule), Redis decides again at
+/// once, where the cache kept refusing until the old rule's `retry_after`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_over_limit_cache_asks_redis_again_under_a_changed_rule() {
+    let server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(2))
+        .over_limit_cache(true)
+        .build()
+        .await
+        .unwrap();
+    let written = Rule::fixed_window(1, Duration::from_secs(3600));
+    let raised = Rule::fixed_window(5, Duration::from_secs(3600));
+    assert!(limiter.check(&written, "limiter:raised").await.unwrap().allowed);
+    assert!(!limiter.check(&written, "limiter:raised").await.unwrap().allowed);
+    assert!(
+        !limiter.check(&written, "limiter:raised").await.unwrap().allowed,
+        "refused from the cache"
+    );
+    let under_raised = limiter.check(&raised, "limiter:raised").await.unwrap();
+    assert!(
+        under_raised.allowed,
+        "the raised rule lets the call through at once: {under_raised:?}"
+    );
+    assert_eq!(under_raised.remaining, 3);
+}
+
 /// A limiter built on a runtime that then ends: the task that sends batched
 /// checks ended with it, and the checks that waited for a batch failed from
 /// then on. It starts again on the runtime that checks.

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::{Decision, Error, OnError};
+use crate::{Decision, Error, OnError, Rule};
 
 /// Consecutive failures that open the circuit.
 const FAILURES_TO_OPEN: u32 = 3;
@@ -126,6 +126,9 @@ struct Shard {
 
 #[derive(Clone, Copy, Debug)]
 struct Refusal {
+    /// The rule Redis refused under: a call under another (an override
+    /// changed it) asks Redis again.
+    rule: Rule,
     until: Instant,
     reset_at: Instant,
     cost: u64,
@@ -155,12 +158,13 @@ impl OverLimitCache {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A local refusal, if `key` is known to refuse a call of this cost now.
-    pub(crate) fn refused(&self, key: &str, cost: u64) -> Option<Decision> {
+    /// A local refusal, if `key` is known to refuse a call of this cost
+    /// under `rule` now.
+    pub(crate) fn refused(&self, rule: &Rule, key: &str, cost: u64) -> Option<Decision> {
         let now = Instant::now();
         let shard = self.shard(key);
         let refusal = shard.entries.get(key)?;
-        if now >= refusal.until || cost < refusal.cost {
+        if now >= refusal.until || cost < refusal.cost || refusal.rule != *rule {
             return None;
         }
         Some(Decision {
@@ -173,11 +177,19 @@ impl OverLimitCache {
     }
 
     /// Remembers a refusal Redis answered to a request sent at `sent`.
-    pub(crate) fn remember(&self, key: &str, cost: u64, decision: &Decision, sent: Instant) {
+    pub(crate) fn remember(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        decision: &Decision,
+        sent: Instant,
+    ) {
         if decision.allowed || decision.retry_after.is_zero() {
             return;
         }
         let refusal = Refusal {
+            rule: *rule,
             until: sent + decision.retry_after,
             reset_at: sent + decision.reset_after,
             cost,
@@ -215,6 +227,8 @@ mod tests {
         assert!(breaker.allow() && breaker.allow(), "closed again");
     }
 
+    const RULE: Rule = Rule::fixed_window(5, Duration::from_secs(60));
+
     #[test]
     fn the_cache_refuses_only_until_the_time_redis_named() {
         let cache = OverLimitCache::new();
@@ -226,24 +240,29 @@ mod tests {
             retry_after: Duration::from_millis(retry_ms),
         };
         let sent = Instant::now();
-        cache.remember("k", 2, &refused(30_000), sent);
-        let local = cache.refused("k", 2).expect("refused locally");
+        cache.remember(&RULE, "k", 2, &refused(30_000), sent);
+        let local = cache.refused(&RULE, "k", 2).expect("refused locally");
         assert!(local.retry_after <= Duration::from_secs(30));
         assert!(!local.allowed && local.remaining == 1 && local.limit == 5);
-        assert!(cache.refused("k", 3).is_some(), "a costlier call too");
+        assert!(cache.refused(&RULE, "k", 3).is_some(), "a costlier call too");
         assert!(
-            cache.refused("k", 1).is_none(),
+            cache.refused(&RULE, "k", 1).is_none(),
             "a cheaper call may pass: ask Redis"
         );
-        assert!(cache.refused("other", 2).is_none());
+        assert!(cache.refused(&RULE, "other", 2).is_none());
+        let raised = Rule::fixed_window(50, Duration::from_secs(60));
+        assert!(
+            cache.refused(&raised, "k", 2).is_none(),
+            "under another rule (an override): ask Redis"
+        );
 
         let sent = Instant::now();
-        cache.remember("short", 1, &refused(30), sent);
+        cache.remember(&RULE, "short", 1, &refused(30), sent);
         while sent.elapsed() < Duration::from_millis(30) {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(
-            cache.refused("short", 1).is_none(),
+            cache.refused(&RULE, "short", 1).is_none(),
             "never past the time Redis named"
         );
     }

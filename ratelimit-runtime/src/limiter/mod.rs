@@ -305,7 +305,7 @@ impl RateLimiter {
                 over_limit,
             } => {
                 let cache = over_limit.as_ref().filter(|_| !concurrency);
-                if let Some(decision) = cache.and_then(|c| c.refused(key, cost)) {
+                if let Some(decision) = cache.and_then(|c| c.refused(rule, key, cost)) {
                     return Ok(Permit {
                         decision,
                         lease: None,
@@ -326,7 +326,7 @@ impl RateLimiter {
                     Ok(decision) => {
                         breaker.succeeded();
                         if let Some((cache, sent)) = remembering {
-                            cache.remember(key, cost, &decision, sent);
+                            cache.remember(rule, key, cost, &decision, sent);
                         }
                         (decision, false)
                     }
