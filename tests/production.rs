@@ -467,10 +467,26 @@ async fn the_over_limit_cache_asks_redis_again_under_a_changed_rule() {
         .unwrap();
     let written = Rule::fixed_window(1, Duration::from_secs(3600));
     let raised = Rule::fixed_window(5, Duration::from_secs(3600));
-    assert!(limiter.check(&written, "limiter:raised").await.unwrap().allowed);
-    assert!(!limiter.check(&written, "limiter:raised").await.unwrap().allowed);
     assert!(
-        !limiter.check(&written, "limiter:raised").await.unwrap().allowed,
+        limiter
+            .check(&written, "limiter:raised")
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !limiter
+            .check(&written, "limiter:raised")
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !limiter
+            .check(&written, "limiter:raised")
+            .await
+            .unwrap()
+            .allowed,
         "refused from the cache"
     );
     let under_raised = limiter.check(&raised, "limiter:raised").await.unwrap();
