@@ -139,3 +139,25 @@ fn a_cluster_limiter_outlives_the_runtime_it_was_built_on() {
     assert!(rounds <= 3, "took {rounds} rounds");
     assert_eq!(cluster.keys_with_pttl("limiter:outlived:*").len(), 32);
 }
+
+/// `.redis(url)` pointed at a cluster node worked while checks went one at
+/// a time, and once load rose, coalesced batches of keys of different slots
+/// failed with CROSSSLOT (to the failure policy). Cluster mode is now found
+/// at connect: `build()` fails and says to use `redis_cluster`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_node_behind_redis_url_fails_build_and_names_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let node = cluster.urls()[0].clone();
+    let error = RateLimiter::builder()
+        .redis(node)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect_err("a cluster node is not a single server");
+    let message = error.to_string();
+    assert!(message.contains("redis_cluster"), "{message}");
+    assert!(
+        matches!(error, ratelimit_runtime::Error::Config(_)),
+        "{error:?}"
+    );
+}

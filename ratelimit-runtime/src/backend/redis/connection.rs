@@ -169,7 +169,7 @@ impl Conn {
             if let Some(live) = self.current() {
                 return Ok(live);
             }
-            let live = self.connect(scripts).await.map_err(Error::backend)?;
+            let live = self.connect(scripts).await?;
             *self.live.write().unwrap_or_else(PoisonError::into_inner) = Some(live.clone());
             Ok(live)
         });
@@ -193,7 +193,7 @@ impl Conn {
         }
     }
 
-    pub(super) async fn connect(&self, scripts: &Scripts) -> Result<Live, RedisError> {
+    pub(super) async fn connect(&self, scripts: &Scripts) -> Result<Live, Error> {
         let mut live = match &self.target {
             Target::Single(client) => {
                 let config = ConnectionManagerConfig::new()
@@ -201,12 +201,28 @@ impl Conn {
                     .set_response_timeout(Some(self.timeout))
                     .set_number_of_retries(2)
                     .set_max_delay(Duration::from_secs(1));
-                Live::Single(client.get_connection_manager_with_config(config).await?)
+                let mut live = Live::Single(
+                    client
+                        .get_connection_manager_with_config(config)
+                        .await
+                        .map_err(Error::backend)?,
+                );
+                let info: String = live
+                    .query(&redis::cmd("INFO"))
+                    .await
+                    .map_err(Error::backend)?;
+                check_server(&info)?;
+                live
             }
-            Target::Cluster(client) => Live::Cluster(client.get_async_connection().await?),
+            Target::Cluster(client) => Live::Cluster(
+                client
+                    .get_async_connection()
+                    .await
+                    .map_err(Error::backend)?,
+            ),
         };
         for script in scripts.all() {
-            live.load(script).await?;
+            live.load(script).await.map_err(Error::backend)?;
         }
         if self.try_functions {
             // Redis before 7, or a user whose ACL denies FUNCTION: the
@@ -219,5 +235,66 @@ impl Conn {
             }
         }
         Ok(live)
+    }
+}
+
+/// The oldest Redis the scripts run on: `ZADD` with `LT` came in 6.2.
+pub(super) const MIN_REDIS: (u32, u32) = (6, 2);
+
+/// What a single server's `INFO` must say: a version the scripts run on,
+/// and no cluster mode (a cluster node reached by `.redis(url)` refuses
+/// batches of keys of different slots, `CROSSSLOT`, as soon as checks are
+/// coalesced: that needs `.redis_cluster(..)`).
+pub(super) fn check_server(info: &str) -> Result<(), Error> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.trim_end().strip_prefix(name)?.strip_prefix(':'))
+    };
+    if field("cluster_enabled") == Some("1") {
+        return Err(Error::Config(
+            "this Redis server runs in cluster mode: connect with \
+             RateLimiter::builder().redis_cluster([..its nodes..]), not .redis(url)"
+                .to_owned(),
+        ));
+    }
+    if let Some(version) = field("redis_version") {
+        let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+        let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        if found < MIN_REDIS {
+            return Err(Error::Config(format!(
+                "Redis {version} is too old: the rate limiter's scripts need Redis {}.{} or later",
+                MIN_REDIS.0, MIN_REDIS.1
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_server_must_be_new_enough_and_not_a_cluster_node() {
+        let info = |version: &str, cluster: &str| {
+            format!(
+                "# Server\r\nredis_version:{version}\r\nredis_mode:standalone\r\n\r\n\
+                 # Cluster\r\ncluster_enabled:{cluster}\r\n"
+            )
+        };
+        assert!(check_server(&info("7.0.15", "0")).is_ok());
+        assert!(check_server(&info("6.2.0", "0")).is_ok());
+        assert!(
+            check_server(&info("7.2.4", "0")).is_ok(),
+            "Valkey reports 7.2.4"
+        );
+        let old = check_server(&info("6.0.16", "0")).unwrap_err().to_string();
+        assert!(old.contains("6.0.16") && old.contains("6.2"), "{old}");
+        let cluster = check_server(&info("7.0.15", "1")).unwrap_err().to_string();
+        assert!(cluster.contains("redis_cluster"), "{cluster}");
+        assert!(
+            check_server("").is_ok(),
+            "a proxy that answers no INFO fields"
+        );
     }
 }
