@@ -496,3 +496,48 @@ async fn gcra_after_a_raised_count_agrees_without_overflow() {
             .unwrap();
     }
 }
+
+/// A concurrency key lives at least as long as its longest live lease, also
+/// when an override changes the rule's period. The key's TTL was set only
+/// when a new period number beat the stored one, and a lengthened period
+/// has smaller numbers: its leases lived past the key, which expired with
+/// them held (limit 2, period 1 s then 60 s: 2 more leases were granted).
+#[tokio::test]
+async fn a_concurrency_key_outlives_its_leases_after_a_period_override() {
+    use ratelimit_runtime::Backend;
+    let server = RedisServer::start();
+    let redis = redis_backend(&server).await;
+    let short = Rule::concurrency(2, Duration::from_secs(1));
+    let long = Rule::concurrency(2, Duration::from_secs(60));
+    let pttl = |key: &str| {
+        server
+            .keys_with_pttl(key)
+            .first()
+            .map_or(-2, |(_, pttl)| *pttl)
+    };
+
+    // Lengthened: the key had the short rule's TTL.
+    let key = "limiter:lengthened";
+    assert!(redis.acquire(&short, key, 1, 1).await.unwrap().allowed);
+    redis.release(&short, key, 1, 1).await.unwrap();
+    assert!(pttl(key) <= 2_000);
+    assert!(redis.acquire(&long, key, 1, 2).await.unwrap().allowed);
+    assert!(redis.acquire(&long, key, 1, 3).await.unwrap().allowed);
+    assert!(
+        pttl(key) >= 59_000,
+        "the key lives as long as its 60 s leases: {} ms",
+        pttl(key)
+    );
+
+    // Shortened: the key keeps the long lease's TTL.
+    let key = "limiter:shortened";
+    assert!(redis.acquire(&long, key, 1, 4).await.unwrap().allowed);
+    assert!(redis.acquire(&short, key, 1, 5).await.unwrap().allowed);
+    assert!(
+        pttl(key) >= 59_000,
+        "the 60 s lease still holds the key: {} ms",
+        pttl(key)
+    );
+    assert!(!redis.acquire(&short, key, 1, 6).await.unwrap().allowed);
+    server.assert_no_key_without_ttl("limiter:*");
+}

@@ -4,8 +4,8 @@
 -- src/algorithm/concurrency.rs.
 --
 -- key  sorted set of leases: member "lease" (one unit) or "lease:unit",
---      score = expiry (µs); and member "epoch", score = minus the period
---      number (now / period) at which the key's TTL was last set
+--      score = expiry (µs); and member "epoch", score = minus the time (µs)
+--      the key's TTL was last set to end at
 --
 -- Leases scored up to `now` are dead and never counted (ZCOUNT counts the
 -- live ones), so they need not be removed at every call: they are trimmed
@@ -13,12 +13,15 @@
 -- random), which bounds what dead holders leave behind.
 --
 -- The key lives until the end of the period after the current one: every
--- lease taken in this period expires before then. So the TTL is set at the
--- first acquire of each period only, which the "epoch" member tells: it is
--- added with the lease, in the same ZADD, with LT (kept unless the new
--- score is lower, i.e. the period newer) and CH (the reply counts it when
--- it changed). Its score is never above 0, so no count, trim or lookup of
--- leases (all scored above `now`, or in (0, now]) ever sees it.
+-- lease taken in this period expires before then. So the TTL is set only
+-- when that end is later than the one set before (at the first acquire of
+-- each period, and when an override lengthened the period), which the
+-- "epoch" member tells: it is added with the lease, in the same ZADD, with
+-- LT (kept unless the new score is lower, i.e. the end later) and CH (the
+-- reply counts it when it changed). An end that is not later (a shortened
+-- period) leaves the TTL as it is, so the key lives at least as long as
+-- its longest live lease. Its score is never above 0, so no count, trim or
+-- lookup of leases (all scored above `now`, or in (0, now]) ever sees it.
 local function concurrency(key, now, slack, count, burst, period, cost, lease)
     local live = above(now)
     local held = redis_pcall('ZCOUNT', key, live, '+inf')
@@ -30,18 +33,17 @@ local function concurrency(key, now, slack, count, burst, period, cost, lease)
     local allowed = 0
     if held + cost <= count then
         allowed = 1
-        local epoch = idiv(now, period)
+        local ends = (idiv(now, period) + 2) * period
         local changed
         if cost == 1 then
             changed = redis_call('ZADD', key, 'LT', 'CH', text(now + period), lease,
-                text(-epoch), 'epoch')
+                text(-ends), 'epoch')
         else
             add_units(key, cost, now + period, lease, 0)
-            changed = 1 + redis_call('ZADD', key, 'LT', 'CH', text(-epoch), 'epoch')
+            changed = 1 + redis_call('ZADD', key, 'LT', 'CH', text(-ends), 'epoch')
         end
         if changed > 1 then
-            -- The first acquire of this period (or of the key).
-            local ends = (epoch + 2) * period
+            -- A later end than the key had (or a new key).
             redis_call('PEXPIRE', key, text(math.ceil((ends - now) / 1000) + slack))
         end
         held = held + cost
