@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::backend::redis::{RoundTrip, round_trip};
 use crate::{Decision, Error, OnError, Rule};
 
 /// Consecutive failures that open the circuit.
@@ -24,6 +25,9 @@ pub(crate) struct Breaker {
     failures: AtomicU32,
     open: AtomicBool,
     next_probe_ms: AtomicU64,
+    /// The last failed round trip counted: the checks of one failed batch
+    /// count once.
+    last_round_trip: AtomicU64,
 }
 
 impl Breaker {
@@ -34,6 +38,7 @@ impl Breaker {
             failures: AtomicU32::new(if start_open { FAILURES_TO_OPEN } else { 0 }),
             open: AtomicBool::new(start_open),
             next_probe_ms: AtomicU64::new(0),
+            last_round_trip: AtomicU64::new(0),
         }
     }
 
@@ -70,7 +75,19 @@ impl Breaker {
         }
     }
 
+    /// Counts a failed call: once per failed round trip (the checks of one
+    /// batch share theirs), never for a check that expired in the client's
+    /// queue without being sent.
     pub(crate) fn failed(&self, error: &Error, on_error: OnError) {
+        match round_trip(error) {
+            RoundTrip::NotSent => return,
+            RoundTrip::Failed(trip) => {
+                if self.last_round_trip.swap(trip, Ordering::AcqRel) == trip {
+                    return;
+                }
+            }
+            RoundTrip::Other => {}
+        }
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if failures < FAILURES_TO_OPEN {
             return;
@@ -227,6 +244,30 @@ mod tests {
         assert!(breaker.allow() && breaker.allow(), "closed again");
     }
 
+    /// One failed batch is one failure however many checks it carried, and a
+    /// check that expired in the client's queue is none; three failed round
+    /// trips open the circuit. (Each caller's failure used to count, so one
+    /// batch of three checks opened it.)
+    #[test]
+    fn the_circuit_counts_failed_round_trips_not_callers() {
+        let breaker = Breaker::new(Duration::from_secs(60), false);
+        for error in crate::backend::redis::failed_batch_errors(10) {
+            breaker.failed(&error, OnError::Deny);
+        }
+        for _ in 0..10 {
+            breaker.failed(&crate::backend::redis::expired_error(), OnError::Deny);
+        }
+        assert!(breaker.allow(), "one round trip failed: still closed");
+        for error in crate::backend::redis::failed_batch_errors(4) {
+            breaker.failed(&error, OnError::Deny);
+        }
+        assert!(breaker.allow(), "two round trips: still closed");
+        for error in crate::backend::redis::failed_batch_errors(1) {
+            breaker.failed(&error, OnError::Deny);
+        }
+        assert!(!breaker.allow(), "three round trips: open");
+    }
+
     const RULE: Rule = Rule::fixed_window(5, Duration::from_secs(60));
 
     #[test]
@@ -244,7 +285,10 @@ mod tests {
         let local = cache.refused(&RULE, "k", 2).expect("refused locally");
         assert!(local.retry_after <= Duration::from_secs(30));
         assert!(!local.allowed && local.remaining == 1 && local.limit == 5);
-        assert!(cache.refused(&RULE, "k", 3).is_some(), "a costlier call too");
+        assert!(
+            cache.refused(&RULE, "k", 3).is_some(),
+            "a costlier call too"
+        );
         assert!(
             cache.refused(&RULE, "k", 1).is_none(),
             "a cheaper call may pass: ask Redis"

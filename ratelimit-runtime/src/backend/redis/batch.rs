@@ -2,7 +2,7 @@
 //! together in one call of the batch script, each still atomic.
 
 use std::fmt;
-use std::sync::atomic::{self, AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{self, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::codec::{self, Call};
 use super::connection::{Busy, Conn, call_script, script_call};
 use super::scripts::Scripts;
-use super::{RedisBackend, Stopped, TimedOut};
+use super::{Expired, RedisBackend, Stopped, TimedOut};
 use crate::Error;
 use crate::algorithm::Outcome;
 use crate::backend::StoredKey;
@@ -235,7 +235,7 @@ pub(super) async fn send_batch(
     jobs.retain(|job| !job.reply.is_closed());
     let now = Instant::now();
     for late in jobs.extract_if(.., |job| job.deadline <= now) {
-        let _ = late.reply.send(Err(Error::backend(TimedOut(timeout))));
+        let _ = late.reply.send(Err(Error::backend(Expired(timeout))));
     }
     let Some(deadline) = jobs.iter().map(|job| job.deadline).min() else {
         return;
@@ -290,7 +290,7 @@ pub(super) async fn send_batch(
             }
         }
         Err(error) => {
-            let error = Shared(Arc::new(error));
+            let error = Shared::new(error);
             for job in jobs {
                 let _ = job.reply.send(Err(Error::backend(error.clone())));
             }
@@ -333,11 +333,31 @@ pub(super) fn firsts_first(jobs: &mut [Job]) -> usize {
 
 /// One batch's failure, given to each of its checks.
 #[derive(Clone, Debug)]
-pub(super) struct Shared(Arc<Error>);
+pub(super) struct Shared {
+    error: Arc<Error>,
+    /// The failed round trip's number: the same for every check of the
+    /// batch, another for every batch.
+    trip: u64,
+}
+
+impl Shared {
+    pub(super) fn new(error: Error) -> Shared {
+        static TRIPS: AtomicU64 = AtomicU64::new(1);
+        Shared {
+            error: Arc::new(error),
+            trip: TRIPS.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The failed round trip this error came from.
+    pub(super) fn round_trip(&self) -> u64 {
+        self.trip
+    }
+}
 
 impl fmt::Display for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &*self.0 {
+        match &*self.error {
             Error::Backend(source) => fmt::Display::fmt(source, f),
             other => fmt::Display::fmt(other, f),
         }
@@ -346,7 +366,7 @@ impl fmt::Display for Shared {
 
 impl std::error::Error for Shared {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match &*self.0 {
+        match &*self.error {
             Error::Backend(source) => source.source(),
             _ => None,
         }

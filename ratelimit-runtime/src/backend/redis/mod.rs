@@ -353,6 +353,63 @@ pub(crate) async fn within<T>(
         .unwrap_or_else(|_| Err(Error::backend(TimedOut(limit))))
 }
 
+/// A check that waited in the client's queue past its deadline: it was
+/// never sent, so it says nothing of Redis itself.
+#[derive(Debug)]
+pub(crate) struct Expired(Duration);
+
+impl fmt::Display for Expired {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the check waited for a batch longer than its deadline ({:?}) and was not sent",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for Expired {}
+
+/// What a failed call says of Redis, for the circuit breaker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RoundTrip {
+    /// It failed in this round trip, shared by every check of its batch.
+    Failed(u64),
+    /// It never reached Redis (it expired in the client's queue).
+    NotSent,
+    /// Some other failure of this call alone.
+    Other,
+}
+
+/// The errors the checks of one failed batch get (for tests elsewhere).
+#[cfg(test)]
+pub(crate) fn failed_batch_errors(checks: usize) -> Vec<Error> {
+    let shared = batch::Shared::new(Error::backend(TimedOut(Duration::from_millis(1))));
+    (0..checks)
+        .map(|_| Error::backend(shared.clone()))
+        .collect()
+}
+
+/// The error of a check that expired in the queue (for tests elsewhere).
+#[cfg(test)]
+pub(crate) fn expired_error() -> Error {
+    Error::backend(Expired(Duration::from_millis(1)))
+}
+
+/// The round trip `error` failed in.
+pub(crate) fn round_trip(error: &Error) -> RoundTrip {
+    let Error::Backend(source) = error else {
+        return RoundTrip::Other;
+    };
+    if let Some(shared) = source.downcast_ref::<batch::Shared>() {
+        RoundTrip::Failed(shared.round_trip())
+    } else if source.is::<Expired>() {
+        RoundTrip::NotSent
+    } else {
+        RoundTrip::Other
+    }
+}
+
 /// Redis did not answer within the deadline.
 #[derive(Debug)]
 pub(crate) struct TimedOut(Duration);
