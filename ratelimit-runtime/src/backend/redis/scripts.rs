@@ -31,12 +31,11 @@ fn body<'a>(specs: impl Iterator<Item = &'a Spec>) -> String {
 /// The driver's table of these algorithms by op id (place in the registry
 /// plus one).
 fn run_table<'a>(specs: impl Iterator<Item = &'a Spec>) -> String {
-    let mut table = String::from("local run = {}\n");
-    for spec in specs {
-        let id = spec.algorithm as usize + 1;
-        table.push_str(&format!("run[{id}] = {}\n", spec.name));
-    }
-    table
+    // One constructor, so the table is made at its size at once.
+    let entries: Vec<String> = specs
+        .map(|spec| format!("[{}] = {}", spec.algorithm as usize + 1, spec.name))
+        .collect();
+    format!("local run = {{{}}}\n", entries.join(", "))
 }
 
 /// A batch script of these algorithms.
@@ -98,11 +97,12 @@ pub(super) struct Library {
 
 impl Library {
     pub(super) fn new() -> Library {
-        let body = body(REGISTRY.iter());
-        let batch_driver = [run_table(REGISTRY.iter()).as_str(), BATCH_DRIVER].concat();
+        // The table of algorithms is made once, at load, with them.
+        let body = [body(REGISTRY.iter()), run_table(REGISTRY.iter())].concat();
+        let batch_driver = BATCH_DRIVER;
         // What the library runs, hashed: a change to any of it is a new
         // version, with names of its own.
-        let digest = sha1_smol::Sha1::from([body.as_str(), &batch_driver].concat())
+        let digest = sha1_smol::Sha1::from([body.as_str(), batch_driver].concat())
             .digest()
             .to_string();
         let version = &digest[..16];
@@ -129,7 +129,7 @@ impl Library {
             source.push_str(driver);
             source.push_str("\nend)\n");
         };
-        register(&function, &batch_driver);
+        register(&function, batch_driver);
         Library { function, source }
     }
 }
