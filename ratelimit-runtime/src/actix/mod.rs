@@ -1,6 +1,6 @@
 //! actix-web (feature `actix`): `#[rate_limit]` on handlers, the
 //! [`RateLimit`] middleware, and refusals as responses. A thin layer over
-//! [`pipeline`](crate::pipeline) (the decision) and [`http`](crate::http)
+//! [`pipeline`] (the decision) and [`http`](crate::http)
 //! (client identity, header fields).
 //!
 //! Per app, through its data:
