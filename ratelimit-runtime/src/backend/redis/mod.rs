@@ -221,7 +221,15 @@ impl RedisBackend {
         let _busy = Busy::enter(&*self.busy);
         let (job, answer) = job;
         let send = async {
-            send_batch(vec![job], &self.conn, &self.scripts, self.timeout).await;
+            // Boxed: a batch's call is a large future, and inline it would
+            // make every check's future (each moved into its box) as large.
+            Box::pin(send_batch(
+                vec![job],
+                &self.conn,
+                &self.scripts,
+                self.timeout,
+            ))
+            .await;
             answer.await
         };
         answered(send).await
