@@ -316,6 +316,66 @@ async fn a_paused_redis_fails_every_batched_check_by_its_deadline() {
     second_call_passes(&backend, &rule, "limiter:batched", Duration::from_secs(2)).await;
 }
 
+/// A check whose caller gave up is not counted. Redis is paused while
+/// checks keep coming and each times out; when it resumes, it used to run
+/// every check still queued in its socket, counting calls whose callers had
+/// been told "failed" (a phantom count: about a hundred a pause here, each
+/// of the 32 tasks sending one check per deadline). Each check now carries
+/// its deadline in the server's time and the script skips one it reaches
+/// too late. What is left is an answer already on its way back as its
+/// deadline passed (Redis paused between running a batch and sending its
+/// answer): at most the one check each task has on its way at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_counts_only_the_checks_it_answered_in_time() {
+    let server = RedisServer::start();
+    let backend = batching(&server.url(), false).await;
+    let rule = Rule::fixed_window(1_000_000, Duration::from_secs(60));
+    let key = "limiter:phantom";
+    let stop = Arc::new(AtomicBool::new(false));
+    let allowed = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (backend, stop, allowed) = (backend.clone(), stop.clone(), allowed.clone());
+            tokio::spawn(async move {
+                let mut rounds = 0;
+                while !stop.load(Ordering::Relaxed) && rounds < 100_000 {
+                    rounds += 1;
+                    match backend.check(&rule, key, 1).await {
+                        Ok(decision) => {
+                            assert!(decision.allowed, "{decision:?}");
+                            allowed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // Redis did not answer in time.
+                        Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+                    }
+                }
+            })
+        })
+        .collect();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        server.pause();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        server.resume();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("no task panicked");
+    }
+    let told = allowed.load(Ordering::Relaxed);
+    assert!(told > 0, "some checks were answered by Redis");
+    let (tag, numbers) = server.stored_state(key).expect("the key's state");
+    assert_eq!(tag, 'F');
+    let counted = numbers[0] as u64;
+    assert!(counted >= told, "{counted} counted, {told} told allowed");
+    assert!(
+        counted - told <= 3 * 32,
+        "{} checks counted whose callers were told they failed",
+        counted - told
+    );
+}
+
 /// Checks `key` until Redis answers (bounded): the key's second call, with
 /// its first one kept.
 async fn second_call_passes(backend: &RedisBackend, rule: &Rule, key: &str, within: Duration) {

@@ -61,7 +61,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
 /// A key held by value, in place when short (most are): a store's entry keeps
 /// one, so a lookup does not chase a pointer, and so does a check queued for
 /// a Redis batch, so queueing it allocates nothing for its key.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum StoredKey {
     Inline(u8, [u8; INLINE_KEY]),
     Heap(Box<str>),

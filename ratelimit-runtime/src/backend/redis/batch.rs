@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedMutexGuard, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::codec::{self, Call};
+use super::codec::{self, Call, Op};
 use super::connection::{Busy, Conn, call_script, script_call};
 use super::scripts::Scripts;
 use super::{Expired, RedisBackend, Stopped, TimedOut};
@@ -39,6 +39,9 @@ const RELEASED: Outcome = Outcome {
 /// Where a job's answer arrives.
 pub(super) type Answer = oneshot::Receiver<Result<Outcome, Error>>;
 
+/// Where a job's answer goes.
+type Reply = oneshot::Sender<Result<Outcome, Error>>;
+
 /// One check (or release) waiting to be sent in a batch.
 pub(super) struct Job {
     pub(super) key: StoredKey,
@@ -47,7 +50,8 @@ pub(super) struct Job {
     /// by then (so a check costs no timer of its own where that task is sure
     /// to run, see [`Home`]; a batch has one).
     deadline: Instant,
-    reply: oneshot::Sender<Result<Outcome, Error>>,
+    /// Taken when the answer is given.
+    reply: Option<Reply>,
 }
 
 impl Job {
@@ -57,13 +61,39 @@ impl Job {
             key: StoredKey::new(key),
             call,
             deadline,
-            reply,
+            reply: Some(reply),
         };
         (job, answer)
     }
 
     fn place(&self) -> u8 {
         self.call.place()
+    }
+
+    /// Whether its caller still waits for its answer.
+    fn is_waited_for(&self) -> bool {
+        self.reply.as_ref().is_some_and(|reply| !reply.is_closed())
+    }
+
+    fn answer(mut self, answer: Result<Outcome, Error>) {
+        if let Some(reply) = self.reply.take() {
+            let _ = reply.send(answer);
+        }
+    }
+
+    /// The release of the lease this (allowed) acquire took, for nobody.
+    fn orphan_release(&self) -> Job {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        Job {
+            key: self.key.clone(),
+            call: Call {
+                op: Op::Release,
+                deadline: None,
+                ..self.call
+            },
+            deadline,
+            reply: None,
+        }
     }
 }
 
@@ -220,11 +250,17 @@ pub(super) async fn run_batches(
     }
 }
 
-/// Runs one batch and hands each check its answer (or the batch's error)
-/// by the checks' deadline: a check that waited past its deadline for a
-/// batch is answered `TimedOut` without being sent, and a batch that Redis
-/// does not answer in time (or whose connection is not made in time) times
-/// out at its earliest check's deadline (`timeout` is for the message).
+/// Runs one batch and hands each check its answer, or `TimedOut` at its own
+/// deadline, whichever comes first.
+///
+/// A check whose caller gave up before it left is not sent; one that waited
+/// in the queue past its deadline is answered `Expired` without being sent
+/// (a release is sent all the same: a lease must not stay held). Each check
+/// carries its deadline in the server's time, estimated from the times
+/// earlier answers carried, so that the script does not run a check whose
+/// caller stopped waiting (Redis paused or slow): it would be counted in
+/// Redis after the caller was answered by the failure policy. A lease
+/// acquired for a caller that is no longer there is given back at once.
 pub(super) async fn send_batch(
     mut jobs: Vec<Job>,
     conn: &Arc<Conn>,
@@ -232,12 +268,12 @@ pub(super) async fn send_batch(
     timeout: Duration,
 ) {
     // A check whose caller gave up (cancelled) is not run.
-    jobs.retain(|job| !job.reply.is_closed());
+    jobs.retain(|job| job.call.op == Op::Release || job.is_waited_for());
     let now = Instant::now();
-    for late in jobs.extract_if(.., |job| job.deadline <= now) {
-        let _ = late.reply.send(Err(Error::backend(Expired(timeout))));
+    for late in jobs.extract_if(.., |job| job.call.op != Op::Release && job.deadline <= now) {
+        late.answer(Err(Error::backend(Expired(timeout))));
     }
-    let Some(deadline) = jobs.iter().map(|job| job.deadline).min() else {
+    let Some(latest) = jobs.iter().map(|job| job.deadline).max() else {
         return;
     };
     // The checks that keep a string state first (each key's first one read
@@ -246,6 +282,17 @@ pub(super) async fn send_batch(
     let checks = jobs.partition_point(|job| job.place() < 2);
     let strings = jobs.partition_point(|job| job.place() < 1);
     let read_ahead = firsts_first(&mut jobs[..strings]);
+    // Each check's deadline in the server's time, less a margin for its
+    // answer's way back.
+    let margin = timeout / 5;
+    for job in &mut jobs[..checks] {
+        job.call.deadline = conn.server_deadline(job.deadline, margin);
+    }
+    // The answers go out as they are due: each job's own reply.
+    let mut replies: Vec<(Instant, Option<Reply>)> = jobs
+        .iter_mut()
+        .map(|job| (job.deadline, job.reply.take()))
+        .collect();
     // The call: FCALL of the library's function, or EVALSHA of the script.
     let script = scripts.for_calls(jobs.iter().map(|job| &job.call));
     let call = |function: bool| {
@@ -264,14 +311,38 @@ pub(super) async fn send_batch(
                 Error::backend(error)
             })
     };
-    let reply: Result<Vec<u8>, Error> = match tokio::time::timeout_at(deadline, run).await {
+    let mut run = std::pin::pin!(tokio::time::timeout_at(latest, run));
+    let reply = loop {
+        let next = replies
+            .iter()
+            .filter(|(_, reply)| reply.is_some())
+            .map(|(deadline, _)| *deadline)
+            .min()
+            .unwrap_or(latest);
+        tokio::select! {
+            reply = &mut run => break reply,
+            () = tokio::time::sleep_until(next) => {
+                // These callers stop waiting now; their checks may still be
+                // in the script's queue, which skips them past their
+                // deadline.
+                let now = Instant::now();
+                for (deadline, reply) in &mut replies {
+                    if *deadline <= now
+                        && let Some(reply) = reply.take()
+                    {
+                        let _ = reply.send(Err(Error::backend(TimedOut(timeout))));
+                    }
+                }
+            }
+        }
+    };
+    let reply: Result<Vec<u8>, Error> = match reply {
         Ok(reply) => reply,
         Err(_) => {
             if conn.current().is_none() && !conn.finishing.swap(true, Ordering::AcqRel) {
                 // The connection was being made when the checks ran out of
                 // time: an attempt goes on (within the connect timeout) for
-                // the checks to come, as a batch's did before it had a
-                // deadline.
+                // the checks to come.
                 let (conn, scripts) = (Arc::clone(conn), Arc::clone(scripts));
                 tokio::spawn(async move {
                     let _ = conn.get(&scripts).await;
@@ -282,20 +353,70 @@ pub(super) async fn send_batch(
         }
     };
     match reply.and_then(|reply| codec::decode(&reply, checks)) {
-        Ok(outcomes) => {
+        Ok((answers, server_time)) => {
+            if let Some(time) = server_time {
+                conn.saw_server_time(time);
+            }
             // The checks' answers, in order; the releases after them get none.
-            let mut outcomes = outcomes.into_iter();
-            for job in jobs {
-                let _ = job.reply.send(Ok(outcomes.next().unwrap_or(RELEASED)));
+            let mut answers = answers.into_iter();
+            let mut orphans = Vec::new();
+            for (job, (_, reply)) in jobs.iter().zip(replies) {
+                let answer = answers.next().unwrap_or(codec::Answer::Ran(RELEASED));
+                let waited = reply.as_ref().is_some_and(|reply| !reply.is_closed());
+                if let (codec::Answer::Ran(outcome), false) = (answer, waited)
+                    && outcome.allowed
+                    && job.call.op != Op::Release
+                    && job.call.lease.is_none()
+                {
+                    tracing::debug!(
+                        "Redis allowed a check whose caller had stopped waiting \
+                         (its answer was on its way back as its deadline passed)"
+                    );
+                }
+                if let (codec::Answer::Ran(outcome), false) = (answer, waited)
+                    && outcome.allowed
+                    && job.call.lease.is_some()
+                    && job.call.op != Op::Release
+                {
+                    // A lease taken for a caller that is gone: give it back.
+                    orphans.push(job.orphan_release());
+                }
+                if let Some(reply) = reply {
+                    let _ = reply.send(match answer {
+                        codec::Answer::Ran(outcome) => Ok(outcome),
+                        codec::Answer::Late => Err(Error::backend(Expired(timeout))),
+                    });
+                }
+            }
+            if !orphans.is_empty() {
+                tokio::spawn(give_back(
+                    orphans,
+                    Arc::clone(conn),
+                    Arc::clone(scripts),
+                    timeout,
+                ));
             }
         }
         Err(error) => {
             let error = Shared::new(error);
-            for job in jobs {
-                let _ = job.reply.send(Err(Error::backend(error.clone())));
+            for (_, reply) in replies {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(Error::backend(error.clone())));
+                }
             }
         }
     }
+}
+
+/// Sends the releases of leases taken for callers that are gone (boxed: a
+/// batch that sends them is itself a batch).
+fn give_back(
+    releases: Vec<Job>,
+    conn: Arc<Conn>,
+    scripts: Arc<Scripts>,
+    timeout: Duration,
+) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+    Box::pin(async move { send_batch(releases, &conn, &scripts, timeout).await })
 }
 
 /// A job's answer. The batch task gives it by the job's deadline, or drops

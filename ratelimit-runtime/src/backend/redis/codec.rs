@@ -11,12 +11,15 @@
 //! | `ARGV[2]` | one byte per check: the number (from 1) of its rule in `ARGV[1]` |
 //! | `ARGV[3]` | the costs, one big-endian double per check then per release; empty when every cost is 1 |
 //! | `ARGV[4]` | how many checks, first in `KEYS`, keep a string state and are the first of their key: the script reads them all in one `MGET` |
-//! | `ARGV[5..]` | the lease ids in decimal (64 bits do not fit a double): one per check whose rule carries one, in order, then one per release |
+//! | `ARGV[5]` | each check's deadline in the server's time (µs), one big-endian double per check; empty when none has one. A check the script reaches after its deadline is not run: its caller has stopped waiting, and counting it would be a phantom count |
+//! | `ARGV[6..]` | the lease ids in decimal (64 bits do not fit a double): one per check whose rule carries one, in order, then one per release |
 //!
 //! The answer is 4 big-endian doubles per check, packed in one string:
-//! allowed (1/0), remaining, reset after (µs), retry after (µs). Releases
-//! answer nothing. Every number is a whole number below 2^53, exact as a
-//! double; packing spares the server formatting and parsing text.
+//! allowed (1/0, or 2: not run, past its deadline), remaining, reset after
+//! (µs), retry after (µs); then the server's time (µs) as the script read
+//! it, or -1 if it read none. Releases answer nothing. Every number is a
+//! whole number below 2^53, exact as a double; packing spares the server
+//! formatting and parsing text.
 //!
 //! What each algorithm keeps under its key (one key per rule and subject,
 //! every write with a TTL):
@@ -81,6 +84,8 @@ pub(super) struct Call {
     pub(super) cost: u64,
     pub(super) clock: Clock,
     pub(super) lease: Option<u64>,
+    /// The latest server time (µs) at which the script may still run it.
+    pub(super) deadline: Option<u64>,
 }
 
 impl Call {
@@ -94,6 +99,7 @@ impl Call {
             cost,
             clock,
             lease,
+            deadline: None,
         }
     }
 
@@ -171,40 +177,72 @@ pub(super) fn encode<'a>(
             .flat_map(|(_, c)| (c.cost as f64).to_be_bytes())
             .collect()
     };
-    cmd.arg(packed).arg(order).arg(costs).arg(read_ahead);
+    let deadlines: Vec<u8> = if calls
+        .clone()
+        .take(checks)
+        .any(|(_, c)| c.deadline.is_some())
+    {
+        calls
+            .clone()
+            .take(checks)
+            // No deadline: one the server never reaches.
+            .flat_map(|(_, c)| (c.deadline.unwrap_or(1 << 53) as f64).to_be_bytes())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    cmd.arg(packed)
+        .arg(order)
+        .arg(costs)
+        .arg(read_ahead)
+        .arg(deadlines);
     for lease in calls.filter_map(|(_, c)| c.lease) {
         cmd.arg(lease);
     }
 }
 
-/// The checks' answers from the script's reply.
+/// A check's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Answer {
+    /// It ran.
+    Ran(Outcome),
+    /// The script reached it after its deadline and did not run it.
+    Late,
+}
+
+/// The checks' answers from the script's reply, and the server's time as
+/// the script read it.
 ///
 /// # Errors
 ///
-/// A reply that is not 4 numbers per check.
-pub(super) fn decode(reply: &[u8], checks: usize) -> Result<Vec<Outcome>, Error> {
-    if reply.len() != 32 * checks {
+/// A reply that is not 4 numbers per check and the time.
+pub(super) fn decode(reply: &[u8], checks: usize) -> Result<(Vec<Answer>, Option<u64>), Error> {
+    if reply.len() != 32 * checks + 8 {
         return Err(Error::Config(format!(
             "the batch script answered {} bytes for {checks} checks",
             reply.len()
         )));
     }
-    Ok(reply
+    let number = |bytes: &[u8]| f64::from_be_bytes(bytes.try_into().unwrap_or([0; 8]));
+    let whole = |n: f64| if n > 0.0 { n as u64 } else { 0 };
+    let (answers, time) = reply.split_at(32 * checks);
+    let answers = answers
         .chunks_exact(32)
         .map(|answer| {
-            let number = |i: usize| {
-                let bytes: [u8; 8] = answer[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]);
-                let n = f64::from_be_bytes(bytes);
-                if n > 0.0 { n as u64 } else { 0 }
-            };
-            Outcome {
-                allowed: number(0) == 1,
-                remaining: number(1),
-                reset_after_us: number(2),
-                retry_after_us: number(3),
+            let n = |i: usize| number(&answer[8 * i..8 * i + 8]);
+            if n(0) == 2.0 {
+                return Answer::Late;
             }
+            Answer::Ran(Outcome {
+                allowed: n(0) == 1.0,
+                remaining: whole(n(1)),
+                reset_after_us: whole(n(2)),
+                retry_after_us: whole(n(3)),
+            })
         })
-        .collect())
+        .collect();
+    let time = number(time);
+    Ok((answers, (time >= 0.0).then_some(time as u64)))
 }
 
 #[cfg(test)]
@@ -267,26 +305,53 @@ mod tests {
         assert_eq!(args[7], [1, 2, 1], "each check's rule");
         assert!(args[8].is_empty(), "every cost is 1");
         assert_eq!(args[9], b"2");
-        assert_eq!(args[10], b"42", "the release's lease id");
+        assert!(args[10].is_empty(), "no deadlines");
+        assert_eq!(args[11], b"42", "the release's lease id");
     }
 
     #[test]
     fn answers_decode_and_a_short_reply_is_an_error() {
         let mut reply = Vec::new();
-        for n in [1.0f64, 9.0, 1000.0, 0.0] {
+        for n in [1.0f64, 9.0, 1000.0, 0.0, 2.0, 0.0, 0.0, 0.0, 1.7e15] {
             reply.extend_from_slice(&n.to_be_bytes());
         }
-        let outcomes = decode(&reply, 1).unwrap();
+        let (answers, time) = decode(&reply, 2).unwrap();
         assert_eq!(
-            outcomes,
-            [Outcome {
-                allowed: true,
-                remaining: 9,
-                reset_after_us: 1000,
-                retry_after_us: 0
-            }]
+            answers,
+            [
+                Answer::Ran(Outcome {
+                    allowed: true,
+                    remaining: 9,
+                    reset_after_us: 1000,
+                    retry_after_us: 0
+                }),
+                Answer::Late
+            ]
         );
-        assert!(decode(&reply, 2).is_err());
-        assert!(decode(&[], 0).unwrap().is_empty());
+        assert_eq!(time, Some(1_700_000_000_000_000));
+        assert!(decode(&reply, 1).is_err());
+        let (none, time) = decode(&(-1.0f64).to_be_bytes(), 0).unwrap();
+        assert!(none.is_empty() && time.is_none());
+    }
+
+    #[test]
+    fn deadlines_go_per_check_when_any_has_one() {
+        let rule = Rule::fixed_window(10, Duration::from_secs(1));
+        let mut dated = Call::new(Op::Check(rule.algorithm()), &rule, 1, Clock::Server, None);
+        dated.deadline = Some(5_000);
+        let plain = Call::new(Op::Check(rule.algorithm()), &rule, 1, Clock::Server, None);
+        let calls = [(&b"a"[..], dated), (&b"b"[..], plain)];
+        let mut cmd = redis::cmd("FCALL");
+        encode(&mut cmd, calls.iter().map(|(k, c)| (*k, c)), 0);
+        let deadlines = &args(&cmd)[8];
+        assert_eq!(deadlines.len(), 16);
+        assert_eq!(
+            f64::from_be_bytes(deadlines[..8].try_into().unwrap()),
+            5_000.0
+        );
+        assert_eq!(
+            f64::from_be_bytes(deadlines[8..].try_into().unwrap()),
+            (1u64 << 53) as f64
+        );
     }
 }

@@ -4,7 +4,7 @@
 
 use std::ops::Deref;
 use std::sync::PoisonError;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -49,6 +49,13 @@ pub(super) struct Conn {
     pub(super) try_functions: bool,
     /// Whether batches go by `FCALL` (the library is loaded) or `EVALSHA`.
     pub(super) functions: AtomicBool,
+    /// Where the local times below count from.
+    pub(super) origin: tokio::time::Instant,
+    /// The server's clock less ours (µs), at most what it is: the largest
+    /// of the server's times an answer carried less when it arrived here
+    /// (`i64::MIN` until one has). A single server's only: a cluster's
+    /// nodes keep clocks of their own.
+    pub(super) server_offset: AtomicI64,
 }
 
 pub(super) enum Target {
@@ -92,7 +99,8 @@ impl Live {
             .arg("")
             .arg("")
             .arg("")
-            .arg(0);
+            .arg(0)
+            .arg("");
         self.query::<Vec<u8>>(&probe).await.map(drop)
     }
 }
@@ -156,6 +164,37 @@ pub(super) async fn call_script<T: FromRedisValue>(
 }
 
 impl Conn {
+    /// Learns from an answer the server's time (µs) as the script read it.
+    pub(super) fn saw_server_time(&self, server_us: u64) {
+        if matches!(self.target, Target::Cluster(_)) {
+            return;
+        }
+        let here = self.origin.elapsed().as_micros();
+        let offset = i128::from(server_us) - i128::try_from(here).unwrap_or(i128::MAX);
+        if let Ok(offset) = i64::try_from(offset) {
+            self.server_offset.fetch_max(offset, Ordering::AcqRel);
+        }
+    }
+
+    /// A local deadline in the server's time, `margin` earlier: never later
+    /// than the server's clock reads when ours reaches it. `None` before an
+    /// answer told the server's time, and on a cluster.
+    pub(super) fn server_deadline(
+        &self,
+        deadline: tokio::time::Instant,
+        margin: Duration,
+    ) -> Option<u64> {
+        let offset = self.server_offset.load(Ordering::Acquire);
+        if offset == i64::MIN {
+            return None;
+        }
+        let here = deadline
+            .checked_sub(margin)?
+            .saturating_duration_since(self.origin)
+            .as_micros();
+        u64::try_from(i128::try_from(here).ok()? + i128::from(offset)).ok()
+    }
+
     /// The connection, made now if it was not yet (one attempt, bounded by
     /// the connect timeout).
     pub(super) async fn get(&self, scripts: &Scripts) -> Result<Live, Error> {

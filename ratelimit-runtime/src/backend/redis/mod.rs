@@ -181,6 +181,8 @@ impl RedisBackend {
                 // Without coalescing every check is its own `EVALSHA`.
                 try_functions: options.functions && coalesce,
                 functions: AtomicBool::new(false),
+                origin: Instant::now(),
+                server_offset: std::sync::atomic::AtomicI64::new(i64::MIN),
             }),
             scripts: Arc::new(Scripts::new()),
             timeout: options.timeout,

@@ -11,14 +11,16 @@
 -- doubles (op id, count, burst, period, now or -1, leased); ARGV[2] each
 -- check's rule number; ARGV[3] the costs (empty: all 1); ARGV[4] how many
 -- first checks are read ahead in one MGET (see `pending` in prelude.lua);
--- ARGV[5..] the lease ids. The answer: 4 packed doubles per check.
+-- ARGV[5] each check's deadline in server time (empty: none); ARGV[6..] the
+-- lease ids. The answer: 4 packed doubles per check (allowed 2: past its
+-- deadline, not run), then the server's time (-1: not read).
 -- `run`, the algorithms by op id, is written before this from the registry.
 --
 -- A check's rule is unpacked once per batch, not once per check: most
 -- checks of a batch share a few rules.
 
 texts, aboves = {}, {}
-local packed, order, costs = ARGV[1], ARGV[2], ARGV[3]
+local packed, order, costs, deadlines = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
 local checks, time = #order, nil
 local rules = {}
 for r = 1, #packed / 48 do
@@ -41,9 +43,9 @@ if reads > 0 then values = redis_call('MGET', unpack(KEYS, 1, reads)) end
 
 -- Most batches hold checks of one rule: then no check looks its rule up,
 -- and its numbers stay in locals.
-local only, costed = #rules == 1, #costs > 0
+local only, costed, dated = #rules == 1, #costs > 0, #deadlines > 0
 local check, now, slack, count, burst, period, leased = unpack(rules[1] or {})
-local out, lease, cost = {}, 4, 1
+local out, lease, cost = {}, 5, 1
 for i = 1, checks do
     local id = nil
     if not only then
@@ -54,10 +56,15 @@ for i = 1, checks do
         lease = lease + 1
         id = ARGV[lease]
     end
-    pending = values[i]
     local n = 4 * i
-    out[n - 3], out[n - 2], out[n - 1], out[n] =
-        check(KEYS[i], now, slack, count, burst, period, cost, id)
+    if dated and time and struct_unpack('>d', deadlines, 8 * i - 7) < time then
+        -- Its caller has stopped waiting: counting it would be a phantom.
+        out[n - 3], out[n - 2], out[n - 1], out[n] = 2, 0, 0, 0
+    else
+        pending = values[i]
+        out[n - 3], out[n - 2], out[n - 1], out[n] =
+            check(KEYS[i], now, slack, count, burst, period, cost, id)
+    end
 end
 -- A release needs no time, and its caller no answer.
 for i = checks + 1, #KEYS do
@@ -66,6 +73,6 @@ for i = checks + 1, #KEYS do
     release(KEYS[i], cost, ARGV[lease])
 end
 -- The answers packed in one call (a call of the struct library costs about
--- as much for one number as for many).
-if checks == 0 then return '' end
-return struct_pack('>' .. string.rep('d', 4 * checks), unpack(out))
+-- as much for one number as for many), then the server's time.
+out[4 * checks + 1] = time or -1
+return struct_pack('>' .. string.rep('d', 4 * checks + 1), unpack(out))
