@@ -311,16 +311,20 @@ pub(super) async fn send_batch(
                 Error::backend(error)
             })
     };
-    let mut run = std::pin::pin!(tokio::time::timeout_at(latest, run));
+    // One timer at a time: the next caller's deadline. Once every caller
+    // is answered, the batch is given up.
+    let mut run = std::pin::pin!(run);
     let reply = loop {
         let next = replies
             .iter()
             .filter(|(_, reply)| reply.is_some())
             .map(|(deadline, _)| *deadline)
-            .min()
-            .unwrap_or(latest);
+            .min();
+        let Some(next) = next.filter(|_| Instant::now() < latest) else {
+            break None;
+        };
         tokio::select! {
-            reply = &mut run => break reply,
+            reply = &mut run => break Some(reply),
             () = tokio::time::sleep_until(next) => {
                 // These callers stop waiting now; their checks may still be
                 // in the script's queue, which skips them past their
@@ -337,8 +341,8 @@ pub(super) async fn send_batch(
         }
     };
     let reply: Result<Vec<u8>, Error> = match reply {
-        Ok(reply) => reply,
-        Err(_) => {
+        Some(reply) => reply,
+        None => {
             if conn.current().is_none() && !conn.finishing.swap(true, Ordering::AcqRel) {
                 // The connection was being made when the checks ran out of
                 // time: an attempt goes on (within the connect timeout) for

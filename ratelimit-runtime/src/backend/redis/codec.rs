@@ -11,7 +11,7 @@
 //! | `ARGV[2]` | one byte per check: the number (from 1) of its rule in `ARGV[1]` |
 //! | `ARGV[3]` | the costs, one big-endian double per check then per release; empty when every cost is 1 |
 //! | `ARGV[4]` | how many checks, first in `KEYS`, keep a string state and are the first of their key: the script reads them all in one `MGET` |
-//! | `ARGV[5]` | each check's deadline in the server's time (µs), one big-endian double per check; empty when none has one. A check the script reaches after its deadline is not run: its caller has stopped waiting, and counting it would be a phantom count |
+//! | `ARGV[5]` | the checks' deadlines in the server's time (µs), big-endian doubles: the earliest, then one per check; empty when none has one. A check the script reaches after its deadline is not run: its caller has stopped waiting, and counting it would be a phantom count |
 //! | `ARGV[6..]` | the lease ids in decimal (64 bits do not fit a double): one per check whose rule carries one, in order, then one per release |
 //!
 //! The answer is 4 big-endian doubles per check, packed in one string:
@@ -177,19 +177,24 @@ pub(super) fn encode<'a>(
             .flat_map(|(_, c)| (c.cost as f64).to_be_bytes())
             .collect()
     };
-    let deadlines: Vec<u8> = if calls
+    // The earliest deadline first: a batch in time (nearly every one) is
+    // judged by it alone; then each check's (none: one never reached).
+    let earliest = calls
         .clone()
         .take(checks)
-        .any(|(_, c)| c.deadline.is_some())
-    {
-        calls
-            .clone()
-            .take(checks)
-            // No deadline: one the server never reaches.
-            .flat_map(|(_, c)| (c.deadline.unwrap_or(1 << 53) as f64).to_be_bytes())
-            .collect()
-    } else {
-        Vec::new()
+        .filter_map(|(_, c)| c.deadline)
+        .min();
+    let deadlines: Vec<u8> = match earliest {
+        Some(earliest) => std::iter::once(earliest)
+            .chain(
+                calls
+                    .clone()
+                    .take(checks)
+                    .map(|(_, c)| c.deadline.unwrap_or(1 << 53)),
+            )
+            .flat_map(|deadline| (deadline as f64).to_be_bytes())
+            .collect(),
+        None => Vec::new(),
     };
     cmd.arg(packed)
         .arg(order)
@@ -344,14 +349,11 @@ mod tests {
         let mut cmd = redis::cmd("FCALL");
         encode(&mut cmd, calls.iter().map(|(k, c)| (*k, c)), 0);
         let deadlines = &args(&cmd)[8];
-        assert_eq!(deadlines.len(), 16);
-        assert_eq!(
-            f64::from_be_bytes(deadlines[..8].try_into().unwrap()),
-            5_000.0
-        );
-        assert_eq!(
-            f64::from_be_bytes(deadlines[8..].try_into().unwrap()),
-            (1u64 << 53) as f64
-        );
+        let deadline =
+            |i: usize| f64::from_be_bytes(deadlines[8 * i..8 * i + 8].try_into().unwrap());
+        assert_eq!(deadlines.len(), 24);
+        assert_eq!(deadline(0), 5_000.0, "the earliest");
+        assert_eq!(deadline(1), 5_000.0);
+        assert_eq!(deadline(2), (1u64 << 53) as f64, "none: never reached");
     }
 }

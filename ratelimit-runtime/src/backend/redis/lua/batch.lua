@@ -11,7 +11,8 @@
 -- doubles (op id, count, burst, period, now or -1, leased); ARGV[2] each
 -- check's rule number; ARGV[3] the costs (empty: all 1); ARGV[4] how many
 -- first checks are read ahead in one MGET (see `pending` in prelude.lua);
--- ARGV[5] each check's deadline in server time (empty: none); ARGV[6..] the
+-- ARGV[5] the earliest deadline in server time, then each check's (empty:
+-- none); ARGV[6..] the
 -- lease ids. The answer: 4 packed doubles per check (allowed 2: past its
 -- deadline, not run), then the server's time (-1: not read).
 -- `run`, the algorithms by op id, is written before this from the registry.
@@ -43,7 +44,10 @@ if reads > 0 then values = redis_call('MGET', unpack(KEYS, 1, reads)) end
 
 -- Most batches hold checks of one rule: then no check looks its rule up,
 -- and its numbers stay in locals.
-local only, costed, dated = #rules == 1, #costs > 0, #deadlines > 0
+-- Deadlines: the earliest first, then each check's; a batch in time (the
+-- earliest not passed) looks at none of them.
+local only, costed = #rules == 1, #costs > 0
+local dated = #deadlines > 0 and time and struct_unpack('>d', deadlines, 1) < time
 local check, now, slack, count, burst, period, leased = unpack(rules[1] or {})
 local out, lease, cost = {}, 5, 1
 for i = 1, checks do
@@ -57,7 +61,7 @@ for i = 1, checks do
         id = ARGV[lease]
     end
     local n = 4 * i
-    if dated and time and struct_unpack('>d', deadlines, 8 * i - 7) < time then
+    if dated and struct_unpack('>d', deadlines, 8 * i + 1) < time then
         -- Its caller has stopped waiting: counting it would be a phantom.
         out[n - 3], out[n - 2], out[n - 1], out[n] = 2, 0, 0, 0
     else
