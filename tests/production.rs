@@ -477,16 +477,21 @@ fn script_calls(server: &RedisServer) -> u64 {
         .sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_over_limit_cache_refuses_locally_until_the_time_redis_named() {
-    let server = RedisServer::start();
-    let limiter = RateLimiter::builder()
+/// A limiter on `server` with the over-limit cache on.
+async fn caching_limiter(server: &RedisServer) -> RateLimiter {
+    RateLimiter::builder()
         .redis(server.url())
         .timeout(Duration::from_secs(2))
         .over_limit_cache(true)
         .build()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_over_limit_cache_refuses_locally_until_the_time_redis_named() {
+    let server = RedisServer::start();
+    let limiter = caching_limiter(&server).await;
     let rule = Rule::fixed_window(2, Duration::from_millis(1500));
     assert!(limiter.check(&rule, "limiter:flood").await.unwrap().allowed);
     assert!(limiter.check(&rule, "limiter:flood").await.unwrap().allowed);
@@ -518,13 +523,7 @@ async fn the_over_limit_cache_refuses_locally_until_the_time_redis_named() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_over_limit_cache_asks_redis_again_under_a_changed_rule() {
     let server = RedisServer::start();
-    let limiter = RateLimiter::builder()
-        .redis(server.url())
-        .timeout(Duration::from_secs(2))
-        .over_limit_cache(true)
-        .build()
-        .await
-        .unwrap();
+    let limiter = caching_limiter(&server).await;
     let written = Rule::fixed_window(1, Duration::from_secs(3600));
     let raised = Rule::fixed_window(5, Duration::from_secs(3600));
     assert!(

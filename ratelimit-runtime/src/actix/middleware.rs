@@ -308,9 +308,16 @@ where
                     subject
                 }
             };
-            let key = [config.key.as_str(), &subject].concat();
+            // A global budget's key is the middleware's own: no copy of it.
+            let joined;
+            let key = if subject.is_empty() {
+                config.key.as_str()
+            } else {
+                joined = [config.key.as_str(), &subject].concat();
+                joined.as_str()
+            };
             let limiter = limiter_for(req.request());
-            let checked = pipeline::check_on(&site, Some(limiter), &key).await;
+            let checked = pipeline::check_on(&site, Some(limiter), key).await;
             let held = match checked {
                 Ok(held) => held,
                 Err(limited) => {

@@ -264,7 +264,8 @@ impl HttpOptions {
 /// odd values are digested ([`crate::keys`]).
 pub(crate) fn header_subject(name: &str, value: Option<&[u8]>) -> String {
     let value = value.map(String::from_utf8_lossy).unwrap_or_default();
-    let mut subject = String::with_capacity(name.len() + 10 + value.len().min(64));
+    let mut subject =
+        String::with_capacity(name.len() + 10 + value.len().min(crate::keys::MAX_PART));
     subject.push_str(":header:");
     subject.push_str(name);
     subject.push(':');
