@@ -85,8 +85,8 @@ async fn algorithms_sharing_a_key_start_afresh_alike() {
     let memory = MemoryBackend::with_clock(clock.clone());
     let mut random = XorShift(42);
     let mut now = EPOCH_US;
-    // Not sliding_log with concurrency: both keep sorted sets of times, and
-    // one reads the other's members as its own.
+    // Concurrency takes leases, not checks: it is put over foreign values
+    // of every type in `foreign_values_are_never_read_as_state`.
     let algorithms = [
         Algorithm::FixedWindow,
         Algorithm::SlidingLog,
@@ -540,4 +540,197 @@ async fn a_concurrency_key_outlives_its_leases_after_a_period_override() {
     );
     assert!(!redis.acquire(&short, key, 1, 6).await.unwrap().allowed);
     server.assert_no_key_without_ttl("limiter:*");
+}
+
+/// No call's work grows with its cost or its rule's count: the largest
+/// sliding-log and concurrency rules, with the largest costs they accept,
+/// answer as fast as small ones, Redis answers `PING` within 100 ms
+/// meanwhile, and Redis and memory decide alike. A call was one sorted-set
+/// member per unit (and one log entry per unit in memory): a cost of
+/// 200,000 held Redis for about a second, one of 10^9 for hours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_costs_never_stall_redis() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::Instant;
+
+    use ratelimit_runtime::Backend;
+
+    let server = RedisServer::start();
+    let redis = redis_backend(&server).await;
+    // A watcher on its own connection: the slowest PING, in µs.
+    let (stop, slowest_ping) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let watcher = {
+        let (stop, slowest) = (stop.clone(), slowest_ping.clone());
+        let mut conn = server.connection();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let sent = Instant::now();
+                redis::cmd("PING").query::<String>(&mut conn).unwrap();
+                slowest.fetch_max(sent.elapsed().as_micros() as u64, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+
+    let max = Rule::MAX_COUNT;
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_micros(EPOCH_US));
+    let memory = MemoryBackend::with_clock(clock.clone());
+    let mut slowest_call = Duration::ZERO;
+    let mut now = EPOCH_US;
+    for rule in [
+        Rule::sliding_log(max, Duration::from_secs(60)),
+        Rule::concurrency(max, Duration::from_secs(60)),
+    ] {
+        let key = format!("limiter:large:{:?}", rule.algorithm());
+        let leased = rule.algorithm() == Algorithm::Concurrency;
+        // The largest costs, a crowd of small ones between, refusals that
+        // look for their retry time among them, and the large lease given
+        // back (a log has none: nothing changes), then a large cost again.
+        let mut calls: Vec<(u64, bool)> = vec![(max - 1_000, true)];
+        calls.extend(std::iter::repeat_n((1, true), 600));
+        calls.extend([
+            (max, true),
+            (1_000, true),
+            (max - 1_000, false),
+            (max - 600, true),
+        ]);
+        for (step, (cost, take)) in calls.into_iter().enumerate() {
+            clock.advance(Duration::from_micros(7));
+            now += 7;
+            let id = step as u64 + 1;
+            let at = Duration::from_micros(now);
+            let sent = Instant::now();
+            if !take {
+                // Give back the first call's lease (cost max - 1,000).
+                redis.release(&rule, &key, cost, 1).await.unwrap();
+                slowest_call = slowest_call.max(sent.elapsed());
+                memory.release(&rule, &key, cost, 1).await.unwrap();
+                continue;
+            }
+            let from_redis = if leased {
+                redis.acquire_at(&rule, &key, cost, id, at).await.unwrap()
+            } else {
+                redis.check_at(&rule, &key, cost, at).await.unwrap()
+            };
+            slowest_call = slowest_call.max(sent.elapsed());
+            let from_memory = if leased {
+                memory.acquire(&rule, &key, cost, id).await.unwrap()
+            } else {
+                memory.check_now(&rule, &key, cost)
+            };
+            assert_eq!(from_redis, from_memory, "{key}, step {step}, cost {cost}");
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    watcher.join().unwrap();
+    let slowest_ping = Duration::from_micros(slowest_ping.load(Ordering::Relaxed));
+    assert!(
+        slowest_call < Duration::from_millis(100),
+        "a call took {slowest_call:?}"
+    );
+    assert!(
+        slowest_ping < Duration::from_millis(100),
+        "Redis took {slowest_ping:?} to answer PING"
+    );
+    server.assert_no_key_without_ttl("limiter:*");
+}
+
+/// Whatever else is under a key (someone's own value under the prefix: every
+/// Redis type, strings of exactly a state's length, the format before the
+/// header) is never read as state: a check starts afresh, as the memory
+/// backend's does, and its write leaves a TTL. A 17-byte string starting
+/// with "F" was read as a fixed window's state, and a crafted one refused
+/// forever; a sorted set of future scores was counted as leases.
+#[tokio::test]
+async fn foreign_values_are_never_read_as_state() {
+    let server = RedisServer::start();
+    let redis = redis_backend(&server).await;
+    let mut conn = server.connection();
+    let huge = |n: usize| {
+        (0..n)
+            .flat_map(|_| 4e15f64.to_be_bytes())
+            .collect::<Vec<u8>>()
+    };
+    // Strings of each state's length: 2 or 3 numbers, a short log's.
+    let mut strings: Vec<Vec<u8>> = Vec::new();
+    for tag in [b'F', b'L', b'W', b'T', b'G', b'S', b'C', b'E'] {
+        for n in 1..=3 {
+            // The format before the header: a tag byte and the numbers.
+            strings.push([vec![tag], huge(n)].concat());
+            // Another version of the format.
+            strings.push([b"rl\x02".to_vec(), vec![tag], huge(n)].concat());
+            // Bytes that are no header at all.
+            strings.push([b"xyz".to_vec(), vec![tag], huge(n)].concat());
+        }
+    }
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::Concurrency,
+    ] {
+        let rule = Rule::new(algorithm, 3, Duration::from_secs(10));
+        let mut plants: Vec<(String, redis::Cmd)> = strings
+            .iter()
+            .map(|bytes| {
+                let mut set = redis::cmd("SET");
+                set.arg("limiter:foreign").arg(bytes);
+                (format!("string {bytes:?}"), set)
+            })
+            .collect();
+        let mut add = |what: &str, name: &str, args: &[&str]| {
+            let mut cmd = redis::cmd(name);
+            cmd.arg("limiter:foreign").arg(args);
+            plants.push((what.to_owned(), cmd));
+        };
+        add("list", "RPUSH", &["a", "b", "c"]);
+        add("set", "SADD", &["a", "b", "c"]);
+        add("hash", "HSET", &["a", "1", "b", "2"]);
+        add("stream", "XADD", &["*", "a", "1"]);
+        // Future scores, as leases or log calls would be scored.
+        add(
+            "sorted set",
+            "ZADD",
+            &["4e15", "a", "4e15", "b", "4e15", "c", "-1", "epoch"],
+        );
+        for (what, plant) in plants {
+            let _: () = redis::cmd("DEL")
+                .arg("limiter:foreign")
+                .query(&mut conn)
+                .unwrap();
+            let _: redis::Value = plant.query(&mut conn).unwrap();
+            let clock = ManualClock::new();
+            clock.advance(Duration::from_micros(EPOCH_US));
+            let memory = MemoryBackend::with_clock(clock);
+            let at = Duration::from_micros(EPOCH_US);
+            let (from_redis, from_memory) = if algorithm == Algorithm::Concurrency {
+                use ratelimit_runtime::Backend;
+                (
+                    redis.acquire_at(&rule, "limiter:foreign", 1, 1, at).await,
+                    memory
+                        .acquire(&rule, "limiter:foreign", 1, 1)
+                        .await
+                        .unwrap(),
+                )
+            } else {
+                (
+                    redis.check_at(&rule, "limiter:foreign", 1, at).await,
+                    memory.check_now(&rule, "limiter:foreign", 1),
+                )
+            };
+            assert_eq!(
+                from_redis.unwrap(),
+                from_memory,
+                "{algorithm:?} over a {what}"
+            );
+            server.assert_all_keys_expire("limiter:foreign");
+        }
+    }
 }

@@ -167,15 +167,15 @@ impl RedisServer {
     }
 
     /// The state a script keeps in a string key: its tag (`'F'`, `'W'`,
-    /// `'T'`, `'G'`) and its numbers (big-endian doubles after the tag), or
-    /// `None` when the key holds no such state.
+    /// `'T'`, `'G'`) and its numbers (big-endian doubles after the header
+    /// `"rl\x01"` and the tag), or `None` when the key holds no such state.
     pub fn stored_state(&self, key: &str) -> Option<(char, Vec<f64>)> {
         let bytes: Option<Vec<u8>> = redis::cmd("GET")
             .arg(key)
             .query(&mut self.connection())
             .expect("GET");
         let bytes = bytes?;
-        let (&tag, numbers) = bytes.split_first()?;
+        let (&tag, numbers) = bytes.strip_prefix(b"rl\x01")?.split_first()?;
         if numbers.len() % 8 != 0 {
             return None;
         }

@@ -4,6 +4,10 @@
 use super::{Lease, Outcome, State};
 use crate::Rule;
 
+/// How many leases a retry time is looked for among (`LEASE_WALK` in
+/// concurrency.lua).
+const LEASE_WALK: usize = 1024;
+
 /// Takes `cost` units of a concurrency rule for lease `id` until
 /// `now + period`, unless released sooner.
 pub(crate) fn acquire(
@@ -36,14 +40,18 @@ pub(crate) fn acquire(
         0
     } else {
         // Leases expire in the order taken; the one holding unit number
-        // `held + cost - count` (1-based) must go first.
+        // `held + cost - count` (1-based) must go first. It is looked for
+        // among the first LEASE_WALK leases only (so is it in Redis); past
+        // them, by when the last lease ends all have.
         let mut units = 0;
         leases
             .iter()
+            .take(LEASE_WALK)
             .find(|lease| {
                 units += lease.cost;
                 units >= held + cost - count
             })
+            .or_else(|| leases.iter().max_by_key(|lease| lease.expires))
             .map_or(0, |lease| lease.expires - now)
     };
     Outcome {

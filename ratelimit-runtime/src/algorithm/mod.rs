@@ -242,8 +242,8 @@ mod tests {
 
     #[test]
     fn a_log_keeps_its_order_in_place_and_on_the_heap() {
-        // Pushes and pops in every mix of lengths around the inline
-        // capacity, held against a plain VecDeque.
+        // Calls of every cost around the inline capacity, and expiries,
+        // held against a plain VecDeque of one time per unit.
         let mut x = 0x2545_F491_4F6C_DD1Du64;
         let mut log = Log::default();
         let mut plain = VecDeque::new();
@@ -253,28 +253,40 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             if x.is_multiple_of(3) {
-                log.pop_front();
-                plain.pop_front();
+                let period = (x >> 8) % 4;
+                log.expire(t, period);
+                while plain.front().is_some_and(|&s| s + period <= t) {
+                    plain.pop_front();
+                }
             } else {
-                let n = (x >> 8) as usize % (INLINE_LOG + 2);
+                let n = (x >> 8) % (INLINE_LOG as u64 + 2);
                 log.push(t, n);
-                plain.extend(std::iter::repeat_n(t, n));
+                plain.extend(std::iter::repeat_n(t, n as usize));
             }
             if t.is_multiple_of(8) {
                 // Back to an empty log, inline again: short runs try every
-                // mix of pushes and pops in place.
+                // mix of pushes and expiries in place.
                 log = Log::default();
                 plain.clear();
             }
-            assert_eq!(log.len(), plain.len(), "at {t}");
-            assert_eq!(log.front(), plain.front().copied(), "at {t}");
+            assert_eq!(log.len(), plain.len() as u64, "at {t}");
             assert_eq!(log.back(), plain.back().copied(), "at {t}");
             for (i, &time) in plain.iter().enumerate() {
-                assert_eq!(log.get(i), time, "at {t}");
+                assert_eq!(log.get(i as u64), time, "at {t}");
             }
             spilled |= matches!(log, Log::Heap(_));
         }
         assert!(spilled, "some runs spilled to the heap");
+    }
+
+    #[test]
+    fn a_call_is_one_entry_whatever_it_costs() {
+        // A billion units is one entry: nothing is written per unit.
+        let rule = Rule::sliding_log(Rule::MAX_COUNT, Duration::from_secs(1));
+        let out = run(&rule, &[(0, Rule::MAX_COUNT - 1), (1, 1), (2, 1), (S, 1)]);
+        assert_eq!(allowed(&out), [true, true, false, true]);
+        assert_eq!(out[2].retry_after_us, S - 2, "the first call leaves at 1 s");
+        assert_eq!(out[3].remaining, Rule::MAX_COUNT - 2);
     }
 
     #[test]

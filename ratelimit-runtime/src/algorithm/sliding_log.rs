@@ -1,5 +1,7 @@
-//! Sliding log: the exact sliding window, a log of call times (one per unit
-//! of cost); at most `count` units in any interval of length `period`.
+//! Sliding log: the exact sliding window, a log of calls, each with its time
+//! and its units of cost; at most `count` units in any interval of length
+//! `period`. A call is one entry whatever it costs, so no call's work grows
+//! with its cost.
 
 use std::collections::VecDeque;
 
@@ -15,50 +17,58 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
         unreachable!("set just above")
     };
     // A call at time t counts while now < t + period.
-    while log.front().is_some_and(|t| t + period <= now) {
-        log.pop_front();
-    }
-    let held = log.len() as u64;
+    log.expire(now, period);
+    let held = log.len();
     let allowed = held + cost <= count;
     if allowed {
-        log.push(now, cost as usize);
+        // Times never go back in a log (a clock that did is read as standing
+        // still), so calls leave it oldest first: Redis's log does the same.
+        log.push(log.back().map_or(now, |newest| newest.max(now)), cost);
     }
-    let held = log.len() as u64;
+    let held = log.len();
     let remaining = count.saturating_sub(held);
     let retry_after_us = if remaining >= cost {
         0
     } else {
-        // The oldest `held + cost - count` calls must leave the window first.
-        let oldest_needed = (held + cost - count - 1) as usize;
-        log.get(oldest_needed) + period - now
+        // The oldest `held + cost - count` units must leave the window first.
+        (log.get(held + cost - count - 1) + period).saturating_sub(now)
     };
     Outcome {
         allowed,
         remaining,
-        reset_after_us: log.back().map_or(0, |newest| newest + period - now),
+        reset_after_us: log
+            .back()
+            .map_or(0, |newest| (newest + period).saturating_sub(now)),
         retry_after_us,
     }
 }
 
-/// A sliding log's call times, oldest first. The first few are kept in place
-/// (most keys of a per-client limit hold one or two calls), so a new key
-/// costs no allocation; longer logs move to the heap and stay there.
+/// A sliding log's calls, oldest first. The first few units are kept in
+/// place, one time each (most keys of a per-client limit hold one or two
+/// calls), so a new key costs no allocation; longer logs move to the heap,
+/// one entry per call, and stay there.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Log {
     Inline {
         len: u8,
         times: [u64; INLINE_LOG],
     },
-    /// Boxed, so a log stays 24 bytes, no more than the other states hold
-    /// (a `VecDeque` is 32): the in-memory store's entries are smaller for it.
-    #[expect(
-        clippy::box_collection,
-        reason = "keeps the state small; only logs past the inline calls pay the box"
-    )]
-    Heap(Box<VecDeque<u64>>),
+    /// Boxed, so a log stays 24 bytes, no more than the other states hold:
+    /// the in-memory store's entries are smaller for it.
+    Heap(Box<Calls>),
 }
 
-/// How many call times a log keeps in place.
+/// A log on the heap: each call's time and the units counted through it
+/// (since the log began), so a call's units are the difference with the
+/// call before, and the `i`th unit is found by a binary search.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Calls {
+    calls: VecDeque<(u64, u64)>,
+    /// The units counted through the last call that left.
+    gone: u64,
+}
+
+/// How many units a log keeps in place.
 pub(super) const INLINE_LOG: usize = 2;
 
 impl Default for Log {
@@ -71,58 +81,74 @@ impl Default for Log {
 }
 
 impl Log {
-    pub(super) fn len(&self) -> usize {
+    /// The units held.
+    pub(super) fn len(&self) -> u64 {
         match self {
-            Log::Inline { len, .. } => usize::from(*len),
-            Log::Heap(log) => log.len(),
+            Log::Inline { len, .. } => u64::from(*len),
+            Log::Heap(log) => log.calls.back().map_or(log.gone, |&(_, n)| n) - log.gone,
         }
     }
 
-    /// The `i`th oldest time; `i` is below `len()`.
-    pub(super) fn get(&self, i: usize) -> u64 {
+    /// The time of the `i`th oldest unit; `i` is below `len()`.
+    pub(super) fn get(&self, i: u64) -> u64 {
         match self {
-            Log::Inline { times, .. } => times[i],
-            Log::Heap(log) => log[i],
+            Log::Inline { times, .. } => times[i as usize],
+            Log::Heap(log) => {
+                let at = log.calls.partition_point(|&(_, n)| n <= log.gone + i);
+                log.calls[at].0
+            }
         }
-    }
-
-    pub(super) fn front(&self) -> Option<u64> {
-        (self.len() > 0).then(|| self.get(0))
     }
 
     pub(super) fn back(&self) -> Option<u64> {
-        self.len().checked_sub(1).map(|i| self.get(i))
+        match self {
+            Log::Inline { len, times } => usize::from(*len).checked_sub(1).map(|i| times[i]),
+            Log::Heap(log) => log.calls.back().map(|&(t, _)| t),
+        }
     }
 
-    pub(super) fn pop_front(&mut self) {
+    /// Drops the calls that left the window by `now`: those at `t` with
+    /// `t + period <= now`.
+    pub(super) fn expire(&mut self, now: u64, period: u64) {
         match self {
             Log::Inline { len, times } => {
-                if *len > 0 {
-                    times.copy_within(1.., 0);
-                    *len -= 1;
-                }
+                let gone = times[..usize::from(*len)]
+                    .iter()
+                    .take_while(|&&t| t + period <= now)
+                    .count();
+                times.copy_within(gone.., 0);
+                *len -= gone as u8;
             }
             Log::Heap(log) => {
-                log.pop_front();
+                while let Some(&(t, n)) = log.calls.front() {
+                    if t + period > now {
+                        break;
+                    }
+                    log.gone = n;
+                    log.calls.pop_front();
+                }
             }
         }
     }
 
-    /// Appends `n` calls at time `t`.
-    pub(super) fn push(&mut self, t: u64, n: usize) {
+    /// Appends a call of `units` at time `t` (none: nothing).
+    pub(super) fn push(&mut self, t: u64, units: u64) {
+        if units == 0 {
+            return;
+        }
         if let Log::Inline { len, times } = self {
             let at = usize::from(*len);
-            if at + n <= INLINE_LOG {
-                times[at..at + n].fill(t);
-                *len += n as u8;
+            if let Some(end) = at.checked_add(units as usize).filter(|&e| e <= INLINE_LOG) {
+                times[at..end].fill(t);
+                *len = end as u8;
                 return;
             }
-            let mut log = VecDeque::with_capacity((at + n).max(2 * INLINE_LOG));
-            log.extend(&times[..at]);
-            *self = Log::Heap(Box::new(log));
+            let calls = (1..).zip(&times[..at]).map(|(n, &t)| (t, n)).collect();
+            *self = Log::Heap(Box::new(Calls { calls, gone: 0 }));
         }
         if let Log::Heap(log) = self {
-            log.extend(std::iter::repeat_n(t, n));
+            let through = log.calls.back().map_or(log.gone, |&(_, n)| n);
+            log.calls.push_back((t, through + units));
         }
     }
 }

@@ -21,19 +21,24 @@
 //! whole number below 2^53, exact as a double; packing spares the server
 //! formatting and parsing text.
 //!
-//! What each algorithm keeps under its key (one key per rule and subject,
-//! every write with a TTL):
+//! What each algorithm keeps under its key (one key per rule and subject).
+//! Every write sets a TTL. String states start with a 4-byte header, `"rl"`,
+//! the format's version (1) and the algorithm's tag, and have an exact
+//! length; sorted sets carry a mark member. A value without them (someone's
+//! own key under the prefix, or another algorithm's state) is never read as
+//! state: it counts as no state, and the next write replaces it.
 //!
 //! | algorithm | Redis type | value |
 //! |---|---|---|
-//! | fixed window | string | `"F"` + (used, window end µs) |
-//! | sliding log | string, then sorted set | `"L"` + the units' times (µs), oldest first; past a few units a sorted set, one member per unit scored by its time |
-//! | sliding window | string | `"W"` + (window start µs, current count, previous count) |
-//! | token bucket | string | `"T"` + (tokens in fixed point, last update µs) |
-//! | GCRA | string | `"G"` + (theoretical arrival µs, remainder in 1/count µs) |
-//! | concurrency | sorted set | a member per lease (`"<id>"`, or `"<id>:<unit>"` per unit), scored by its expiry (µs), and `"epoch"` |
+//! | fixed window | string | `"rl\x01F"` + (used, window end µs) |
+//! | sliding log | string, then sorted set | `"rl\x01L"` + the units' times (µs), oldest first; past 16 units a sorted set, one member per call (units through it, its units) scored by its time, and the mark `"rl\x01S"` |
+//! | sliding window | string | `"rl\x01W"` + (window start µs, current count, previous count) |
+//! | token bucket | string | `"rl\x01T"` + (tokens in fixed point, last update µs) |
+//! | GCRA | string | `"rl\x01G"` + (theoretical arrival µs, remainder in 1/count µs) |
+//! | concurrency | sorted set | a member per lease (`"<id>"`, or `"<id>:<units>"`), scored by its expiry (µs); the marks `"rl\x01C"` (minus the units held) and `"rl\x01E"` (minus the end of the key's TTL) |
 //!
-//! Numbers after the tag byte are big-endian doubles.
+//! Numbers after the header are big-endian doubles. No call's work grows
+//! with its cost: a call is one member whatever it costs.
 
 use redis::Cmd;
 

@@ -1,55 +1,72 @@
 -- concurrency: at most `count` units in flight. Each call holds a lease (one
--- member per unit, scored by when it expires) until it is released with ZREM
--- or `period` passes (its holder is taken for dead). Mirrors
--- src/algorithm/concurrency.rs.
+-- member whatever its cost) until it is released or `period` passes (its
+-- holder is taken for dead). Mirrors src/algorithm/concurrency.rs.
 --
--- key  sorted set of leases: member "lease" (one unit) or "lease:unit",
---      score = expiry (µs); and member "epoch", score = minus the time (µs)
---      the key's TTL was last set to end at
+-- key  sorted set of leases: member "<id>" (one unit) or "<id>:<units>",
+--      scored by when it expires (µs); and two marks, scored at or below 0
+--      so that no count, trim or lookup of leases (all scored above 0) sees
+--      them: LEASES, scored minus the units of the leases in the set (so a
+--      check reads what is held in O(1), whatever the costs), and EPOCH,
+--      scored minus the time (µs) the key's TTL was last set to end at.
+--      LEASES also marks the set as ours: a key without it holds nothing of
+--      ours, and is replaced.
 --
--- Leases scored up to `now` are dead and never counted (ZCOUNT counts the
--- live ones), so they need not be removed at every call: they are trimmed
--- at a refusal and at about one acquire in ten (the lease id's last digit,
--- random), which bounds what dead holders leave behind.
+-- Leases scored up to `now` are dead: at each acquire they are trimmed and
+-- their units taken off LEASES, so what is held is exact.
 --
 -- The key lives until the end of the period after the current one: every
 -- lease taken in this period expires before then. So the TTL is set only
 -- when that end is later than the one set before (at the first acquire of
--- each period, and when an override lengthened the period), which the
--- "epoch" member tells: it is added with the lease, in the same ZADD, with
--- LT (kept unless the new score is lower, i.e. the end later) and CH (the
--- reply counts it when it changed). An end that is not later (a shortened
--- period) leaves the TTL as it is, so the key lives at least as long as
--- its longest live lease. Its score is never above 0, so no count, trim or
--- lookup of leases (all scored above `now`, or in (0, now]) ever sees it.
+-- each period, and when an override lengthened the period), which EPOCH
+-- tells. An end that is not later (a shortened period) leaves the TTL as
+-- it is, so the key lives at least as long as its longest live lease.
+local LEASES, EPOCH = header('C'), header('E')
+-- How many leases a retry time is looked for among: past them (a cost that
+-- waits for more leases than that to end), the time the last lease ends, by
+-- when all have. The memory backend does the same.
+local LEASE_WALK = 1024
+
+local function lease_member(lease, cost)
+    if cost == 1 then return lease end
+    return lease .. ':' .. text(cost)
+end
+local function lease_units(member)
+    return tonumber(string.match(member, ':(%d+)$')) or 1
+end
+
 local function concurrency(key, now, slack, count, burst, period, cost, lease)
-    local live = above(now)
-    local held = redis_pcall('ZCOUNT', key, live, '+inf')
-    if type(held) == 'table' then
-        -- Another algorithm's state: a fresh start, as the memory backend makes.
+    local marks = redis_pcall('ZMSCORE', key, LEASES, EPOCH)
+    local held, epoch, trimmed = 0, nil, false
+    if marks[1] then
+        held, epoch = -tonumber(marks[1]), marks[2] and -tonumber(marks[2])
+        local dead = redis_call('ZRANGEBYSCORE', key, '(0', text(now))
+        if #dead > 0 then
+            -- Holders that died: their units come back.
+            for i = 1, #dead do held = held - lease_units(dead[i]) end
+            redis_call('ZREMRANGEBYSCORE', key, '(0', text(now))
+            trimmed = true
+        end
+    else
+        -- Nothing of ours (another algorithm's state, or anything else): a
+        -- fresh start, as the memory backend makes.
         redis_call('DEL', key)
-        held = 0
     end
     local allowed = 0
     if held + cost <= count then
         allowed = 1
         local ends = (idiv(now, period) + 2) * period
-        local changed
-        if cost == 1 then
-            changed = redis_call('ZADD', key, 'LT', 'CH', text(now + period), lease,
-                text(-ends), 'epoch')
+        local member = lease_member(lease, cost)
+        if epoch and epoch >= ends then
+            redis_call('ZADD', key, text(now + period), member, text(-(held + cost)), LEASES)
         else
-            add_units(key, cost, now + period, lease, 0)
-            changed = 1 + redis_call('ZADD', key, 'LT', 'CH', text(-ends), 'epoch')
-        end
-        if changed > 1 then
             -- A later end than the key had (or a new key).
+            redis_call('ZADD', key, text(now + period), member, text(-(held + cost)), LEASES,
+                text(-ends), EPOCH)
             redis_call('PEXPIRE', key, text(math.ceil((ends - now) / 1000) + slack))
         end
         held = held + cost
-    end
-    if allowed == 0 or string_byte(lease, -1) == 48 then
-        redis_call('ZREMRANGEBYSCORE', key, '(0', text(now))
+    elseif trimmed then
+        redis_call('ZADD', key, text(-held), LEASES)
     end
 
     local remaining = math.max(count - held, 0)
@@ -62,30 +79,32 @@ local function concurrency(key, now, slack, count, burst, period, cost, lease)
     local retry = 0
     if remaining < cost then
         -- The live lease holding unit number `held + cost - count` (1-based)
-        -- must go first.
-        retry = tonumber(redis_call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES',
-            'LIMIT', text(held + cost - count - 1), '1')[2]) - now
+        -- must go first. Live leases are all of the set past its two marks.
+        local want, rank, stop = held + cost - count, 2, 2 + LEASE_WALK
+        while rank < stop and not (retry > 0) do
+            local page = redis_call('ZRANGE', key, text(rank), text(rank + 63), 'WITHSCORES')
+            if #page == 0 then break end
+            for i = 1, #page, 2 do
+                want = want - lease_units(page[i])
+                if want <= 0 then
+                    retry = tonumber(page[i + 1]) - now
+                    break
+                end
+            end
+            rank = rank + 64
+        end
+        if not (retry > 0) then retry = score_at(key, -1) - now end
     end
     return allowed, remaining, reset, retry
 end
 
 -- Gives back the units of a concurrency lease (the limiter's release). A
--- key that another algorithm's state took over (a rule changed) holds no
--- lease to give back: ZREM's error there is dropped, not raised, so the
--- checks that share the batch still run.
+-- lease already trimmed (dead), or a key that another algorithm's state
+-- took over (a rule changed), holds nothing to give back: ZREM's error
+-- there is dropped, not raised, so the checks that share the batch still
+-- run.
 local function release(key, cost, lease)
-    if cost == 1 then
-        redis_pcall('ZREM', key, lease)
-    else
-        local members = {}
-        for unit = 0, cost - 1 do
-            members[#members + 1] = lease .. ':' .. text(unit)
-            if #members == 4000 or unit == cost - 1 then
-                if type(redis_pcall('ZREM', key, unpack(members))) == 'table' then
-                    return
-                end
-                members = {}
-            end
-        end
+    if redis_pcall('ZREM', key, lease_member(lease, cost)) == 1 then
+        redis_call('ZADD', key, 'XX', 'INCR', text(cost), LEASES)
     end
 end

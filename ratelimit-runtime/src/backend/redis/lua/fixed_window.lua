@@ -3,25 +3,23 @@
 -- later (the seeds' INCR + PEXPIRE counter, made atomic: a refused call writes
 -- nothing). Mirrors src/algorithm/fixed_window.rs.
 --
--- key  the counter: "F" .. (used, ends) packed (ends in µs of the server clock)
+-- key  the counter: header "rl\1F" .. (used, ends) packed (ends in µs of
+--      the server clock)
+local FIXED_WINDOW = header('F')
 local function fixed_window(key, now, slack, count, burst, period, cost)
-    local used, ends = load(key, 70, 2) -- 70: "F"
+    local used, ends = load(key, FIXED_WINDOW, 2)
     if not used or now >= ends then used, ends = 0, now + period end
 
     local reset = ends - now
     if used + cost > count then
         return 0, math.max(count - used, 0), reset, reset
     end
-    if used == 0 then
-        -- A new window: the key lives exactly as long as it (+ slack when
-        -- the caller fixes the time).
-        redis_call('SET', key, 'F' .. struct_pack('>dd', cost, ends),
-            'PX', text(math.ceil(reset / 1000) + slack))
-    else
-        -- The same window: only the count changes, in place (the TTL stays).
-        redis_call('SETRANGE', key, '1', struct_pack('>d', used + cost))
-    end
     used = used + cost
+    -- The key lives exactly as long as its window (+ slack when the caller
+    -- fixes the time); every write sets it, so no write leaves a key
+    -- without a TTL.
+    redis_call('SET', key, FIXED_WINDOW .. struct_pack('>dd', used, ends),
+        'PX', text(math.ceil(reset / 1000) + slack))
     local remaining = count - used
     local retry = 0
     if remaining < cost then retry = reset end

@@ -5,13 +5,14 @@
 -- remainder in 1/count µs, so retry_after is exact. Mirrors
 -- src/algorithm/gcra.rs.
 --
--- key  "G" .. (tat, rem) packed
+-- key  header "rl\1G" .. (tat, rem) packed
+local GCRA = header('G')
 local function gcra(key, now, slack, count, burst, period, cost)
     local tolerance = burst * period
     local step = cost * period
     -- How far the TAT is ahead of now, in 1/count µs.
     local ahead = 0
-    local tat, rem = load(key, 71, 2) -- 71: "G"
+    local tat, rem = load(key, GCRA, 2)
     if tat and tat >= now then
         local whole = tat - now
         if whole > idiv(tolerance, count) + 1 then
@@ -30,7 +31,7 @@ local function gcra(key, now, slack, count, burst, period, cost)
         ahead = ahead + step
         local whole = idiv(ahead, count)
         -- Once the TAT has passed the key is the same as no key: expire then.
-        redis_call('SET', key, 'G' .. struct_pack('>dd', now + whole, ahead - whole * count),
+        redis_call('SET', key, GCRA .. struct_pack('>dd', now + whole, ahead - whole * count),
             'PX', text(math.ceil(ceil_div(ahead, count) / 1000) + slack))
     end
 

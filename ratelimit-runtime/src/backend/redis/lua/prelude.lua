@@ -49,14 +49,19 @@ local function idiv(a, b)
 end
 local function ceil_div(a, b) return idiv(a + b - 1, b) end
 
--- String states are a tag byte and `n` big-endian doubles (integers below
--- 2^53, so exact): `tag .. struct.pack(...)`. Packing is several times
--- cheaper for the server than formatting and parsing decimal text.
---
--- The numbers of the state tagged `tag` (the tag's byte, e.g. 70 for "F")
--- holding `n` numbers, or nil when the key holds nothing, another
--- algorithm's state, or another type (treated as absent, as the memory
--- backend does; the script's SET replaces it).
+-- String states are a header and `n` big-endian doubles (integers below
+-- 2^53, so exact): `header .. struct.pack(...)`. Packing is several times
+-- cheaper for the server than formatting and parsing decimal text. The
+-- header is "rl", the format's version (1) and the algorithm's tag byte:
+-- with the exact length, it tells our state from a value someone else left
+-- under the prefix, which is never read as state (and is replaced by the
+-- next write, which sets a TTL).
+local function header(tag) return 'rl\1' .. tag end
+
+-- The numbers of the state under `header` holding `n` numbers, or nil when
+-- the key holds nothing, another algorithm's state, or anything else
+-- (treated as absent, as the memory backend does; the script's SET
+-- replaces it).
 --
 -- A batch reads most of its string states ahead, in one MGET (see
 -- batch.lua): `pending` is the value read for the check about to run (false:
@@ -65,40 +70,19 @@ local function ceil_div(a, b) return idiv(a + b - 1, b) end
 -- another type answers an error table, and MGET false: neither is a string
 -- of the state's length.
 local pending
-local function load(key, tag, n)
+local function load(key, head, n)
     local stored = pending
     if stored == nil then stored = redis_pcall('GET', key) end
     pending = nil
-    if not stored or #stored ~= 1 + 8 * n then return nil end
+    if type(stored) ~= 'string' or #stored ~= 4 + 8 * n then return nil end
     if n == 2 then
-        local t, a, b = struct_unpack('>Bdd', stored)
-        if t == tag then return a, b end
+        local h, a, b = struct_unpack('>c4dd', stored)
+        if h == head then return a, b end
         return nil
     end
-    local t, a, b, c = struct_unpack('>Bddd', stored)
-    if t == tag then return a, b, c end
+    local h, a, b, c = struct_unpack('>c4ddd', stored)
+    if h == head then return a, b, c end
     return nil
-end
-
--- Adds `cost` members "prefix:first" .. "prefix:first+cost-1" scored `score`
--- to the sorted set (in batches: unpack() has a stack limit).
-local function add_units(key, cost, score, prefix, first)
-    if cost == 1 then
-        redis_call('ZADD', key, text(score), prefix .. ':' .. text(first))
-        return
-    end
-    local args = {}
-    score = text(score)
-    for i = 0, cost - 1 do
-        args[#args + 1] = score
-        -- Joined, not formatted: Lua's "%s" cuts a string at its first zero
-        -- byte, and prefixes are packed bytes.
-        args[#args + 1] = prefix .. ':' .. text(first + i)
-        if #args == 2000 or i == cost - 1 then
-            redis_call('ZADD', key, unpack(args))
-            args = {}
-        end
-    end
 end
 
 -- The score of the sorted set's member at rank `index` (-1: the last).

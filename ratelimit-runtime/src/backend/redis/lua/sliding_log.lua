@@ -3,20 +3,32 @@
 -- `period`. Mirrors src/algorithm/sliding_log.rs.
 --
 -- key  a short log (up to LOG_IN_STRING units in the window, as most keys of
---      a small limit hold): a string "L" .. the units' times (µs), oldest
---      first, packed; read (in a batch, with the batch's MGET) and written
---      whole, one SET.
---      A longer one: a sorted set, one member per unit, scored by its time.
+--      a small limit hold): a string, header "rl\1L" .. the units' times
+--      (µs), oldest first, packed; read (in a batch, with the batch's MGET)
+--      and written whole, one SET.
+--      A longer one: a sorted set, one member per call whatever its cost,
+--      scored by its time: packed (through, units), `through` the units
+--      counted through that call since the set began. The units in the
+--      window are the newest call's `through` less that of the last call to
+--      have left it, so a check costs a few O(log n) lookups, never work in
+--      proportion to a cost or a count. The member LOG_SET (score -1) marks
+--      the set as ours.
 --      A log moves to a sorted set when it outgrows the string, and stays
---      one until its key expires.
+--      one until nothing in it is live.
 --
--- In the sorted set, calls older than the window are never counted (ZCOUNT
--- counts the live ones), so they need not be removed at every call: they
--- are trimmed when a call is refused or its retry time needs the live
--- calls' ranks, and at about one call in eight (the time's last bits),
--- which bounds what the set holds beyond `count`. Either way the key
--- expires `period` after its newest call.
+-- Times never go back in a log (a call is scored no earlier than the
+-- newest), so `through` grows with the score, and ties of score order by
+-- member as by `through` (big-endian doubles of positive numbers sort as
+-- the numbers do).
+--
+-- Calls older than the window are never counted, so they need not be
+-- removed at every call: they are trimmed (up to TRIM at once; the last to
+-- have left is kept, its `through` is the base) when a call is refused or
+-- its retry time is needed, and at about one call in eight (the time's last
+-- bits). Either way the key expires `period` after its newest call.
 local LOG_IN_STRING = 16
+local LOG_STRING, LOG_SET = header('L'), header('S')
+local TRIM = 1024
 
 -- `now` packed as a log's time. The checks of a batch share one `now`, so it
 -- is packed once for them all (the last one packed is kept, with its time).
@@ -29,51 +41,76 @@ end
 -- Where a string log's times still in the window at `now` start (a byte
 -- offset into `stored`), and how many there are; nil when `stored` is not a
 -- string log. A call at time t counts while now < t + period; the oldest
--- leave first, as the memory backend's log pops its front.
+-- leave first, as the memory backend's log drops its front.
 local function string_log(stored, now, period)
-    if type(stored) ~= 'string' or string_byte(stored) ~= 76 or (#stored - 1) % 8 ~= 0 then
+    if type(stored) ~= 'string' or (#stored - 4) % 8 ~= 0 or #stored > 4 + 8 * LOG_IN_STRING
+        or string.sub(stored, 1, 4) ~= LOG_STRING then
         return nil
     end
-    local at, stop = 2, #stored
+    local at, stop = 5, #stored
     while at < stop and struct_unpack('>d', stored, at) + period <= now do at = at + 8 end
     return at, (stop + 1 - at) / 8
 end
 
 -- The `i`th oldest live time of a string log whose `n` live times start at
--- byte `at` of `stored`; past those, the units the call just added, at `now`.
-local function log_time(stored, at, n, i, now)
-    if i > n then return now end
+-- byte `at` of `stored`; past those, the units the call just added, at `t`.
+local function log_time(stored, at, n, i, t)
+    if i > n then return t end
     return struct_unpack('>d', stored, at + 8 * (i - 1))
 end
 
--- The sorted-set log: `held` live units counted already.
-local function sliding_log_set(key, now, slack, count, period, cost, held)
+-- The member at rank `rank` of a sorted-set log: through, units, score.
+local function log_call(key, rank)
+    local found = redis_call('ZRANGE', key, text(rank), text(rank), 'WITHSCORES')
+    local through, units = struct_unpack('>dd', found[1])
+    return through, units, tonumber(found[2])
+end
+
+-- The sorted-set log, `last` the rank of its newest call (rank 0 is
+-- LOG_SET). Nil when nothing in it is live: the caller starts a string log.
+local function sliding_log_set(key, now, slack, count, period, cost, last)
+    if last < 1 then return nil end
+    local newest, _, newest_at = log_call(key, last)
+    -- How many calls have left the window (ranks 1..gone), and the units
+    -- counted before the window's first call.
+    local gone = redis_call('ZCOUNT', key, '0', text(now - period))
+    local base
+    if gone > 0 then
+        base = log_call(key, gone)
+    else
+        local through, units = log_call(key, 1)
+        base = through - units
+    end
+    local held = newest - base
+    if held == 0 then return nil end
+
     local allowed = 0
     if held + cost <= count then
         allowed = 1
-        -- Members are unique: those already scored `now` are live and have
-        -- suffixes below `held`. The time is packed (8 bytes; cheaper than
-        -- decimal text).
-        add_units(key, cost, now, packed_time(now), held)
-        held = held + cost
+        newest, newest_at, last = newest + cost, math.max(now, newest_at), last + 1
+        redis_call('ZADD', key, text(newest_at), struct_pack('>dd', newest, cost))
         redis_call('PEXPIRE', key, text(math.ceil(period / 1000) + slack))
+        held = held + cost
     end
     local remaining = math.max(count - held, 0)
-    if allowed == 0 or remaining < cost or now % 8 == 0 then
-        redis_call('ZREMRANGEBYSCORE', key, '-inf', text(now - period))
-    end
-    local reset = 0
-    if allowed == 1 then
-        reset = period -- the newest call is this one
-    elseif held > 0 then
-        reset = score_at(key, -1) + period - now
+    if gone > 1 and (allowed == 0 or remaining < cost or now % 8 == 0) then
+        redis_call('ZREMRANGEBYRANK', key, '1', text(math.min(gone - 1, TRIM)))
+        local trimmed = math.min(gone - 1, TRIM)
+        gone, last = gone - trimmed, last - trimmed
     end
     local retry = 0
     if remaining < cost then
-        -- The oldest `held + cost - count` calls must leave the window first.
-        retry = score_at(key, held + cost - count - 1) + period - now
+        -- The oldest `held + cost - count` units must leave the window
+        -- first: the first live call through them, found by bisection.
+        local want, lo, hi = base + held + cost - count, gone + 1, last
+        while lo < hi do
+            local mid = math.floor((lo + hi) / 2)
+            if log_call(key, mid) >= want then hi = mid else lo = mid + 1 end
+        end
+        local _, _, at = log_call(key, lo)
+        retry = at + period - now
     end
-    return allowed, remaining, reset, retry
+    return allowed, remaining, newest_at + period - now, retry
 end
 
 local function sliding_log(key, now, slack, count, burst, period, cost)
@@ -84,36 +121,39 @@ local function sliding_log(key, now, slack, count, burst, period, cost)
     pending = nil
     local at, held = string_log(stored, now, period)
     if not at then
-        -- No string log: a sorted set, or nothing (or another algorithm's
-        -- state: a fresh start, as the memory backend makes).
-        local live = redis_pcall('ZCOUNT', key, above(now - period), '+inf')
-        if type(live) == 'number' and live > 0 then
-            return sliding_log_set(key, now, slack, count, period, cost, live)
+        -- No string log: a sorted set of ours, or nothing (or anything else:
+        -- a fresh start, as the memory backend makes).
+        if type(redis_pcall('ZSCORE', key, LOG_SET)) == 'string' then
+            local a, remaining, reset, retry = sliding_log_set(key, now, slack, count, period,
+                cost, redis_call('ZCARD', key) - 1)
+            if a then return a, remaining, reset, retry end
         end
         -- Nothing live: the string log starts (its SET replaces the key).
-        stored, at, held = 'L', 2, 0
+        stored, at, held = LOG_STRING, 5, 0
     end
     local stored_held = held
+    -- Times never go back in a log.
+    local t = now
+    if held > 0 then t = math.max(now, struct_unpack('>d', stored, #stored - 7)) end
     local allowed = 0
     if held + cost <= count then
         allowed = 1
         local ttl = text(math.ceil(period / 1000) + slack)
         if held + cost <= LOG_IN_STRING then
-            local added = packed_time(now)
+            local added = packed_time(t)
             if cost > 1 then added = string.rep(added, cost) end
-            redis_call('SET', key, 'L' .. string.sub(stored, at) .. added, 'PX', ttl)
+            redis_call('SET', key, LOG_STRING .. string.sub(stored, at) .. added, 'PX', ttl)
         else
-            -- Outgrown: the same units as a sorted set, ranked by position.
-            local args = {}
-            for i = 1, held + cost do
-                local t = log_time(stored, at, stored_held, i, now)
-                args[#args + 1] = text(t)
-                args[#args + 1] = struct_pack('>d', t) .. ':' .. text(i - 1)
+            -- Outgrown: a sorted set, a call per unit held, then this one.
+            local args = {'-1', LOG_SET}
+            for i = 1, held do
+                args[#args + 1] = text(log_time(stored, at, stored_held, i, t))
+                args[#args + 1] = struct_pack('>dd', i, 1)
             end
+            args[#args + 1] = text(t)
+            args[#args + 1] = struct_pack('>dd', held + cost, cost)
             redis_call('DEL', key)
-            for first = 1, #args, 2000 do
-                redis_call('ZADD', key, unpack(args, first, math.min(first + 1999, #args)))
-            end
+            redis_call('ZADD', key, unpack(args))
             redis_call('PEXPIRE', key, ttl)
         end
         held = held + cost
@@ -122,14 +162,14 @@ local function sliding_log(key, now, slack, count, burst, period, cost)
     local remaining = math.max(count - held, 0)
     local reset = 0
     if allowed == 1 then
-        reset = period -- the newest call is this one
+        reset = t + period - now -- the newest call is this one
     elseif held > 0 then
-        reset = log_time(stored, at, stored_held, held, now) + period - now
+        reset = log_time(stored, at, stored_held, held, t) + period - now
     end
     local retry = 0
     if remaining < cost then
-        -- The oldest `held + cost - count` calls must leave the window first.
-        retry = log_time(stored, at, stored_held, held + cost - count, now) + period - now
+        -- The oldest `held + cost - count` units must leave the window first.
+        retry = log_time(stored, at, stored_held, held + cost - count, t) + period - now
     end
     return allowed, remaining, reset, retry
 end

@@ -5,7 +5,7 @@
 -- src/algorithm/sliding_window.rs, including its double arithmetic (so both
 -- round alike).
 --
--- key  "W" .. (start, cur, prev) packed (start of the current window in µs)
+-- key  header "rl\1W" .. (start, cur, prev) packed (start of the current window in µs)
 
 local function weighted(n, span, period)
     return math.floor(n * span / period)
@@ -21,11 +21,12 @@ local function first_offset(n, at_most, period)
     return e
 end
 
+local SLIDING_WINDOW = header('W')
 local function sliding_window(key, now, slack, count, burst, period, cost)
     -- math.fmod is exact here; Lua's % (a - floor(a/b)*b) can be off for 16-digit numbers.
     local start = now - math.fmod(now, period)
     local cur, prev = 0, 0
-    local s, c, p = load(key, 87, 3) -- 87: "W"
+    local s, c, p = load(key, SLIDING_WINDOW, 3)
     if s then
         if s + period == start then
             prev = c
@@ -41,7 +42,7 @@ local function sliding_window(key, now, slack, count, burst, period, cost)
         allowed = 1
         cur, used = cur + cost, used + cost
         -- Worth keeping until this window's count has faded: the end of the next one.
-        redis_call('SET', key, 'W' .. struct_pack('>ddd', start, cur, prev),
+        redis_call('SET', key, SLIDING_WINDOW .. struct_pack('>ddd', start, cur, prev),
             'PX', text(math.ceil((2 * period - elapsed) / 1000) + slack))
     end
 

@@ -5,10 +5,11 @@
 -- so a microsecond refills exactly `count` units and nothing is rounded; every
 -- number stays below 2^53. Mirrors src/algorithm/token_bucket.rs.
 --
--- key  "T" .. (tokens, last) packed (tokens in fixed point, last update in µs)
+-- key  header "rl\1T" .. (tokens, last) packed (tokens in fixed point, last update in µs)
+local TOKEN_BUCKET = header('T')
 local function token_bucket(key, now, slack, count, burst, period, cost)
     local capacity = burst * period
-    local tokens, last = load(key, 84, 2) -- 84: "T"
+    local tokens, last = load(key, TOKEN_BUCKET, 2)
     if tokens then
         -- Kept under a larger burst, before the rule was changed.
         tokens = math.min(tokens, capacity)
@@ -29,7 +30,7 @@ local function token_bucket(key, now, slack, count, burst, period, cost)
         allowed = 1
         tokens = tokens - need
         -- Once full again the bucket is the same as no key: expire then.
-        redis_call('SET', key, 'T' .. struct_pack('>dd', tokens, now),
+        redis_call('SET', key, TOKEN_BUCKET .. struct_pack('>dd', tokens, now),
             'PX', text(math.ceil(ceil_div(capacity - tokens, count) / 1000) + slack))
     end
 
