@@ -161,3 +161,51 @@ async fn a_cluster_node_behind_redis_url_fails_build_and_names_redis_cluster() {
         "{error:?}"
     );
 }
+
+/// The units a fixed window's state on `port` has counted under `key`.
+fn counted(cluster: &RedisCluster, port: u16, key: &str) -> f64 {
+    let bytes: Vec<u8> = redis::cmd("GET")
+        .arg(key)
+        .query(&mut cluster.connection(port))
+        .unwrap();
+    let used: [u8; 8] = bytes[4..12].try_into().unwrap();
+    f64::from_be_bytes(used)
+}
+
+/// A script call whose connection dropped after the node ran it is not
+/// sent again. The cluster client re-sent it on a new connection, and the
+/// check was counted twice for one caller; it is now an error (to the
+/// failure policy), and the node counted it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_whose_reply_was_lost_is_not_sent_again() {
+    let cluster = RedisCluster::start();
+    let key = "limiter:lost-reply";
+    let master = cluster.master_for(key);
+    let proxy = ratelimit_test_support::Proxy::start(master);
+    cluster.announce(master, proxy.port());
+    let redis = cluster_backend(&cluster).await;
+    let rule = Rule::fixed_window(10, Duration::from_secs(60));
+    assert!(redis.check(&rule, key, 1).await.unwrap().allowed);
+    assert_eq!(counted(&cluster, master, key), 1.0);
+
+    proxy.lose_reply_to(b"EVALSHA");
+    let lost = redis.check(&rule, key, 1).await;
+    assert!(lost.is_err(), "the reply was lost: {lost:?}");
+    assert_eq!(
+        counted(&cluster, master, key),
+        2.0,
+        "the node ran the check once"
+    );
+    // The next check goes through again, on a new connection.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match redis.check(&rule, key, 1).await {
+            Ok(decision) => {
+                assert_eq!(decision.remaining, 10 - 3);
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "no new connection: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

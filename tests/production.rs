@@ -712,3 +712,37 @@ fn two_workers() -> tokio::runtime::Runtime {
         .build()
         .unwrap()
 }
+
+/// A check whose reply was lost after the server ran it (the connection
+/// dropped) is the caller's error, counted once by the server: the
+/// connection manager does not send it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_whose_reply_was_lost_is_counted_once() {
+    let server = RedisServer::start();
+    let proxy = ratelimit_test_support::Proxy::start(server.port());
+    let url = format!("redis://127.0.0.1:{}/", proxy.port());
+    let redis = RedisBackend::connect_with(&url, Duration::from_secs(1), Duration::from_secs(1))
+        .await
+        .unwrap();
+    let rule = Rule::fixed_window(10, Duration::from_secs(60));
+    let key = "limiter:lost-reply";
+    let counted = || server.stored_state(key).expect("a fixed window").1[0];
+    assert!(redis.check(&rule, key, 1).await.unwrap().allowed);
+    assert_eq!(counted(), 1.0);
+
+    proxy.lose_reply_to(key.as_bytes());
+    let lost = redis.check(&rule, key, 1).await;
+    assert!(lost.is_err(), "the reply was lost: {lost:?}");
+    assert_eq!(counted(), 2.0, "the server ran the check once");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match redis.check(&rule, key, 1).await {
+            Ok(decision) => {
+                assert_eq!(decision.remaining, 10 - 3);
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "no new connection: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

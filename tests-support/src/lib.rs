@@ -8,6 +8,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod proxy;
+pub use proxy::Proxy;
+
 /// Where to find `redis-server`: `$RATELIMIT_REDIS_SERVER`, else `redis-server` on `PATH`.
 fn redis_server_bin() -> String {
     std::env::var("RATELIMIT_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned())
@@ -499,6 +502,40 @@ impl RedisCluster {
             .into_iter()
             .flat_map(|port| self.node(port).keys_with_pttl(pattern))
             .collect()
+    }
+
+    /// Makes the node on `port` tell clients to reach it at `announced`
+    /// (a [`Proxy`] in front of it), and waits until every node says so.
+    ///
+    /// # Panics
+    ///
+    /// If the nodes do not all say so within 10 s.
+    pub fn announce(&self, port: u16, announced: u16) {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-announce-port")
+            .arg(announced)
+            .query(&mut self.node(port).connection())
+            .expect("CONFIG SET cluster-announce-port");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let address = format!("127.0.0.1:{announced}@");
+        while !self.nodes.iter().all(|node| {
+            redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query::<String>(&mut node.connection())
+                .is_ok_and(|nodes| nodes.contains(&address))
+        }) {
+            assert!(
+                Instant::now() < deadline,
+                "the nodes did not learn {address}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A connection to the node on `port` itself.
+    pub fn connection(&self, port: u16) -> redis::Connection {
+        self.node(port).connection()
     }
 
     /// Kills the node on `port`.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RetryMethod, Script, ServerErrorKind};
 
 use super::scripts::{Library, Scripts};
 use super::within;
@@ -74,7 +74,26 @@ impl Live {
     pub(super) async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> Result<T, RedisError> {
         match self {
             Live::Single(conn) => cmd.query_async(conn).await,
-            Live::Cluster(conn) => cmd.query_async(conn).await,
+            Live::Cluster(conn) => {
+                // The client retries nothing (see `open_cluster`): a request
+                // is sent again here only when the node answered that it did
+                // not run it (a redirect, a replica's READONLY, TRYAGAIN,
+                // CLUSTERDOWN, LOADING) or it was never sent (no connection
+                // to the slot's node). A dropped connection is the caller's
+                // error: the node may have run the script.
+                let mut tries = 0;
+                loop {
+                    match cmd.query_async(conn).await {
+                        Err(e) if tries < CLUSTER_TRIES && not_run(&e) => {
+                            // Time for the client to learn the new slot map
+                            // (or the node to be ready): 20, 40, 80 ms.
+                            tries += 1;
+                            tokio::time::sleep(Duration::from_millis(10 << tries)).await;
+                        }
+                        reply => return reply,
+                    }
+                }
+            }
         }
     }
 
@@ -161,6 +180,22 @@ pub(super) async fn call_script<T: FromRedisValue>(
         }
         reply => reply,
     }
+}
+
+/// How many times a cluster request a node did not run is sent.
+const CLUSTER_TRIES: u32 = 3;
+
+/// Whether `error` says the request was not run: sending it again cannot
+/// count it twice.
+fn not_run(error: &RedisError) -> bool {
+    matches!(
+        error.retry_method(),
+        RetryMethod::MovedRedirect
+            | RetryMethod::AskRedirect
+            | RetryMethod::RefreshSlotsAndRetry
+            | RetryMethod::WaitAndRetry
+            | RetryMethod::ReconnectFromInitialConnections
+    ) && !matches!(error.kind(), ErrorKind::Io)
 }
 
 impl Conn {

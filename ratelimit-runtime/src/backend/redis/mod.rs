@@ -160,9 +160,14 @@ impl RedisBackend {
         urls: &[String],
         options: ConnectOptions,
     ) -> Result<RedisBackend, Error> {
+        // No retries in the client: it sends a request again when its
+        // connection drops, also a script call the node already ran (a
+        // check counted twice). `Live::query` sends again only what a node
+        // answered it did not run.
         let client = ClusterClient::builder(urls.iter().map(String::as_str))
             .connection_timeout(options.connect_timeout)
             .response_timeout(options.timeout)
+            .retries(0)
             .build()
             .map_err(|e| Error::Config(format!("bad Redis Cluster URLs {urls:?}: {e}")))?;
         RedisBackend::start(Target::Cluster(Box::new(client)), options).await
