@@ -209,3 +209,69 @@ async fn a_check_whose_reply_was_lost_is_not_sent_again() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A paused master counts, once it goes on, only the checks it reached
+/// before their callers stopped waiting: checks carry their deadline on a
+/// cluster too. Without it, each task's checks that timed out during a
+/// pause (one per deadline) were all counted when the node woke up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_master_counts_only_the_checks_it_answered_in_time() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let cluster = RedisCluster::start();
+    let options = ConnectOptions {
+        timeout: Duration::from_millis(50),
+        ..ConnectOptions::default()
+    };
+    let redis = RedisBackend::open_cluster(&cluster.urls(), options)
+        .await
+        .unwrap();
+    let rule = Rule::fixed_window(1_000_000, Duration::from_secs(60));
+    let key = "limiter:cluster-phantom";
+    let master = cluster.master_for(key);
+    let (stop, told) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    const TASKS: u64 = 16;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (redis, stop, told) = (redis.clone(), stop.clone(), told.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    match redis.check(&rule, key, 1).await {
+                        Ok(decision) => {
+                            assert!(decision.allowed, "{decision:?}");
+                            told.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+                    }
+                }
+            })
+        })
+        .collect();
+    // Shorter than the cluster's node timeout (1 s): no failover.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        cluster.node_on(master).pause();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        cluster.node_on(master).resume();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("no task panicked");
+    }
+    assert_eq!(cluster.master_for(key), master, "no failover");
+    let told = told.load(Ordering::Relaxed);
+    let counted = counted(&cluster, master, key) as u64;
+    assert!(counted >= told, "{counted} counted, {told} told allowed");
+    // At most one in flight per task as a pause began may be run in time
+    // and answered too late.
+    assert!(
+        counted - told <= 3 * TASKS,
+        "{} checks counted whose callers were told they failed",
+        counted - told
+    );
+}

@@ -533,6 +533,11 @@ impl RedisCluster {
         }
     }
 
+    /// The node on `port`, to pause or resume.
+    pub fn node_on(&self, port: u16) -> &RedisServer {
+        self.node(port)
+    }
+
     /// A connection to the node on `port` itself.
     pub fn connection(&self, port: u16) -> redis::Connection {
         self.node(port).connection()

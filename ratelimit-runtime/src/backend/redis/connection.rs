@@ -200,10 +200,10 @@ fn not_run(error: &RedisError) -> bool {
 
 impl Conn {
     /// Learns from an answer the server's time (µs) as the script read it.
+    /// The largest offset seen is kept: on a cluster, that of the node whose
+    /// clock is furthest ahead, so a deadline is never earlier in any node's
+    /// time than ours (a node whose clock is behind is lenient by the skew).
     pub(super) fn saw_server_time(&self, server_us: u64) {
-        if matches!(self.target, Target::Cluster(_)) {
-            return;
-        }
         let here = self.origin.elapsed().as_micros();
         let offset = i128::from(server_us) - i128::try_from(here).unwrap_or(i128::MAX);
         if let Ok(offset) = i64::try_from(offset) {
@@ -213,7 +213,7 @@ impl Conn {
 
     /// A local deadline in the server's time, `margin` earlier: never later
     /// than the server's clock reads when ours reaches it. `None` before an
-    /// answer told the server's time, and on a cluster.
+    /// answer told the server's time.
     pub(super) fn server_deadline(
         &self,
         deadline: tokio::time::Instant,
