@@ -734,3 +734,157 @@ async fn foreign_values_are_never_read_as_state() {
         }
     }
 }
+
+/// Peeks, refunds and resets among checks, at the same times on both
+/// backends: Redis (alone by the library, by scripts, in batches) answers
+/// each as memory does. A peek answers what the next check would and
+/// changes nothing; a refund gives back at most what is held.
+#[tokio::test]
+async fn peeks_refunds_and_resets_decide_as_memory_does() {
+    use ratelimit_runtime::Backend;
+
+    let server = RedisServer::start();
+    let backends = [
+        ("alone", redis_backend(&server).await),
+        ("scripts", redis_backend_without_functions(&server).await),
+        ("batch", redis_backend(&server).await.batch_every_check()),
+    ];
+    for (path, redis) in &backends {
+        for algorithm in Algorithm::ALL {
+            // 40 units: a sliding log past its string form (16) too.
+            for count in [5, 40] {
+                let rule = Rule::new(algorithm, count, Duration::from_millis(40));
+                let clock = ManualClock::new();
+                clock.advance(Duration::from_micros(EPOCH_US));
+                let memory = MemoryBackend::with_clock(clock.clone());
+                let mut now = EPOCH_US;
+                let mut random = XorShift(0x9E37_79B9_7F4A_7C15 ^ count);
+                let leased = algorithm == Algorithm::Concurrency;
+                let mut leases: Vec<(u64, u64)> = Vec::new();
+                for step in 0..400u64 {
+                    let advance = match random.below(4) {
+                        0 => 0,
+                        1 => random.below(30_000),
+                        _ => random.below(2_000),
+                    };
+                    clock.advance(Duration::from_micros(advance));
+                    now += advance;
+                    let at = Duration::from_micros(now);
+                    let key = format!(
+                        "limiter:ops:{path}:{algorithm:?}:{count}:{}",
+                        random.below(2)
+                    );
+                    let cost = 1 + random.below(4);
+                    let what = random.below(10);
+                    let (from_redis, from_memory) = match what {
+                        0..=4 if leased => {
+                            let id = step + 1;
+                            let redis = redis.acquire_at(&rule, &key, cost, id, at).await;
+                            let memory = memory.acquire(&rule, &key, cost, id).await;
+                            if redis.as_ref().is_ok_and(|d| d.allowed) {
+                                leases.push((id, cost));
+                            }
+                            (redis, memory)
+                        }
+                        0..=4 => (
+                            redis.check_at(&rule, &key, cost, at).await,
+                            Ok(memory.check_now(&rule, &key, cost)),
+                        ),
+                        5 if leased && !leases.is_empty() => {
+                            let (id, cost) =
+                                leases.swap_remove(random.below(leases.len() as u64) as usize);
+                            redis.release(&rule, &key, cost, id).await.unwrap();
+                            memory.release(&rule, &key, cost, id).await.unwrap();
+                            continue;
+                        }
+                        5..=6 => (
+                            redis.peek_at(&rule, &key, at).await,
+                            Ok(memory.peek_now(&rule, &key)),
+                        ),
+                        7..=8 => (
+                            redis.refund_at(&rule, &key, cost, at).await,
+                            memory.refund_now(&rule, &key, cost),
+                        ),
+                        _ => (
+                            redis.reset_at(&rule, &key, at).await,
+                            Ok(memory.reset_now(&rule, &key)),
+                        ),
+                    };
+                    let context = format!(
+                        "{path}, {algorithm:?} count {count}, step {step}, op {what}, cost {cost}"
+                    );
+                    match (from_redis, from_memory) {
+                        (Ok(redis), Ok(memory)) => assert_eq!(redis, memory, "{context}"),
+                        (Err(redis), Err(memory)) => {
+                            assert!(leased && (7..=8).contains(&what), "{context}: {redis}");
+                            assert_eq!(redis.to_string(), memory.to_string(), "{context}");
+                        }
+                        (redis, memory) => panic!("{context}: {redis:?} against {memory:?}"),
+                    }
+                }
+            }
+        }
+    }
+    server.assert_no_key_without_ttl("limiter:*");
+}
+
+/// A refunded unit can be used again, a refund never raises a budget above
+/// its capacity, and a reset gives the whole budget back: through the
+/// limiter, on Redis and in memory, for every algorithm with a refund.
+#[tokio::test]
+async fn a_refunded_unit_is_used_again_and_never_raises_the_budget() {
+    let server = RedisServer::start();
+    let redis = RateLimiter::builder()
+        .redis(server.url())
+        .build()
+        .await
+        .unwrap();
+    for (name, limiter) in [("memory", RateLimiter::in_memory()), ("redis", redis)] {
+        for algorithm in Algorithm::ALL {
+            let rule = Rule::new(algorithm, 3, Duration::from_secs(60));
+            let key = format!("limiter:refund:{name}:{algorithm:?}");
+            if algorithm == Algorithm::Concurrency {
+                let refused = limiter.refund(&rule, &key, 1).await;
+                assert!(
+                    matches!(refused, Err(ratelimit_runtime::Error::Unsupported(_))),
+                    "{name}: {refused:?}"
+                );
+                let permit = limiter.acquire(&rule, &key, 3).await.unwrap();
+                assert!(permit.decision().allowed);
+                assert!(!limiter.peek(&rule, &key).await.unwrap().allowed);
+                let whole = limiter.reset(&rule, &key).await.unwrap();
+                assert!(whole.allowed, "{name}: the leases are gone");
+                continue;
+            }
+            // A refund of a budget untouched gives nothing.
+            let fresh = limiter.refund(&rule, &key, 3).await.unwrap();
+            assert_eq!(fresh.remaining, 2, "{name} {algorithm:?}: {fresh:?}");
+            for _ in 0..3 {
+                assert!(limiter.check(&rule, &key).await.unwrap().allowed);
+            }
+            assert!(!limiter.check(&rule, &key).await.unwrap().allowed);
+            // One unit back: one call passes, the next does not.
+            let after = limiter.refund(&rule, &key, 1).await.unwrap();
+            assert!(after.allowed, "{name} {algorithm:?}: {after:?}");
+            assert!(limiter.check(&rule, &key).await.unwrap().allowed);
+            assert!(!limiter.check(&rule, &key).await.unwrap().allowed);
+            // More than was taken: the budget is whole, not more.
+            limiter.refund(&rule, &key, 3).await.unwrap();
+            limiter.refund(&rule, &key, 3).await.unwrap();
+            for call in 0..3 {
+                assert!(
+                    limiter.check(&rule, &key).await.unwrap().allowed,
+                    "{name} {algorithm:?}: call {call}"
+                );
+            }
+            assert!(
+                !limiter.check(&rule, &key).await.unwrap().allowed,
+                "{name} {algorithm:?}: a refund raised the budget above its capacity"
+            );
+            let whole = limiter.reset(&rule, &key).await.unwrap();
+            assert_eq!(whole.remaining, 2, "{name} {algorithm:?}: reset");
+            let peeked = limiter.peek(&rule, &key).await.unwrap();
+            assert_eq!((peeked.allowed, peeked.remaining), (true, 2));
+        }
+    }
+}

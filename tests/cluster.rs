@@ -265,13 +265,15 @@ async fn a_paused_master_counts_only_the_checks_it_answered_in_time() {
     }
     assert_eq!(cluster.master_for(key), master, "no failover");
     let told = told.load(Ordering::Relaxed);
-    let counted = counted(&cluster, master, key) as u64;
-    assert!(counted >= told, "{counted} counted, {told} told allowed");
-    // At most one in flight per task as a pause began may be run in time
-    // and answered too late.
-    assert!(
-        counted - told <= 3 * TASKS,
-        "{} checks counted whose callers were told they failed",
-        counted - told
+    // A check run in time whose answer came back too late is refunded once
+    // the answer is in: wait for those refunds (bounded).
+    let settled = Instant::now() + Duration::from_secs(2);
+    while counted(&cluster, master, key) as u64 != told && Instant::now() < settled {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        counted(&cluster, master, key) as u64,
+        told,
+        "the node counted other than the checks callers were told it allowed"
     );
 }

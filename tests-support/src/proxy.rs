@@ -1,18 +1,29 @@
 //! A TCP proxy in front of a Redis server, for fault tests: it forwards
-//! both ways and, when asked, loses a reply: the server has run what it was
-//! sent, and the client sees its connection drop.
+//! both ways and, when asked, loses or holds back a reply: the server has
+//! run what it was sent, and the client sees its connection drop, or the
+//! answer come late.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The request pattern whose reply meets a fault, until one does.
+type Armed = Arc<Mutex<Option<(Vec<u8>, Fault)>>>;
+
+/// What happens to the reply to an armed request.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    Lose,
+    Delay(Duration),
+}
 
 /// A proxy on a free loopback port to `127.0.0.1:<target>`. Its threads
 /// end with the test process.
 #[derive(Debug)]
 pub struct Proxy {
     port: u16,
-    armed: Arc<Mutex<Option<Vec<u8>>>>,
+    armed: Armed,
 }
 
 impl Proxy {
@@ -24,7 +35,7 @@ impl Proxy {
     pub fn start(target: u16) -> Proxy {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("a free port");
         let port = listener.local_addr().expect("its address").port();
-        let armed: Arc<Mutex<Option<Vec<u8>>>> = Arc::default();
+        let armed: Armed = Arc::default();
         let shared = armed.clone();
         std::thread::spawn(move || {
             for client in listener.incoming() {
@@ -37,20 +48,29 @@ impl Proxy {
                     server.try_clone().expect("a socket"),
                 );
                 // Set when this connection sent the armed request.
-                let lose = Arc::new(AtomicBool::new(false));
-                let (armed, marked) = (shared.clone(), lose.clone());
+                let fault: Arc<Mutex<Option<Fault>>> = Arc::default();
+                let (armed, marked) = (shared.clone(), fault.clone());
                 std::thread::spawn(move || {
                     pump(client_in, server_out, |bytes| {
                         let mut armed = armed.lock().unwrap_or_else(|e| e.into_inner());
-                        if armed.as_ref().is_some_and(|p| contains(bytes, p)) {
-                            *armed = None;
-                            marked.store(true, Ordering::SeqCst);
+                        if armed.as_ref().is_some_and(|(p, _)| contains(bytes, p)) {
+                            let (_, fault) = armed.take().expect("armed");
+                            *marked.lock().unwrap_or_else(|e| e.into_inner()) = Some(fault);
                         }
                         true
                     });
                 });
                 std::thread::spawn(move || {
-                    pump(server, client, |_| !lose.swap(false, Ordering::SeqCst));
+                    pump(server, client, |_| {
+                        match fault.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                            None => true,
+                            Some(Fault::Lose) => false,
+                            Some(Fault::Delay(by)) => {
+                                std::thread::sleep(by);
+                                true
+                            }
+                        }
+                    });
                 });
             }
         });
@@ -66,7 +86,15 @@ impl Proxy {
     /// request reaches the server): that connection is closed both ways
     /// instead.
     pub fn lose_reply_to(&self, pattern: &[u8]) {
-        *self.armed.lock().unwrap_or_else(|e| e.into_inner()) = Some(pattern.to_vec());
+        *self.armed.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((pattern.to_vec(), Fault::Lose));
+    }
+
+    /// Holds back the reply to the next request that contains `pattern`
+    /// (the request reaches the server) for `by`.
+    pub fn delay_reply_to(&self, pattern: &[u8], by: Duration) {
+        *self.armed.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((pattern.to_vec(), Fault::Delay(by)));
     }
 }
 

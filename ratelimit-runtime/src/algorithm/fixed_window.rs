@@ -31,3 +31,12 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
         retry_after_us: if remaining >= cost { 0 } else { reset },
     }
 }
+
+/// Gives back `units` of the current window (never below none used).
+pub(super) fn refund(slot: &mut Option<State>, _rule: &Rule, now: u64, units: u64) {
+    if let Some(State::FixedWindow { used, ends }) = slot
+        && now < *ends
+    {
+        *used = used.saturating_sub(units);
+    }
+}

@@ -60,3 +60,29 @@ fn far_ahead(whole: u64, rem: u64, count: u64, step: u64, tolerance: u64) -> Out
         retry_after_us: after(i128::from(step) - i128::from(tolerance)),
     }
 }
+
+/// Moves the theoretical arrival time back by `units` emission intervals,
+/// never before now. A TAT further ahead than the rule's tolerance (its
+/// count was raised since) is left as it is.
+pub(super) fn refund(slot: &mut Option<State>, rule: &Rule, now: u64, units: u64) {
+    let (count, period) = (rule.count(), rule.period_us());
+    let Some(State::Gcra { tat, rem }) = *slot else {
+        return;
+    };
+    if tat < now {
+        return;
+    }
+    let whole = tat - now;
+    if whole > rule.burst() * period / count + 1 {
+        return;
+    }
+    let back = units.min(rule.burst()) * period;
+    let ahead = whole * count + rem;
+    *slot = (ahead > back).then(|| {
+        let ahead = ahead - back;
+        State::Gcra {
+            tat: now + ahead / count,
+            rem: ahead % count,
+        }
+    });
+}

@@ -99,6 +99,9 @@ impl State {
     }
 }
 
+/// A refund: gives back `units` (the last argument) at `now` (µs).
+pub(crate) type Refund = fn(&mut Option<State>, &Rule, u64, u64);
+
 /// One algorithm, as every part of the crate knows it.
 #[derive(Debug)]
 pub(crate) struct Spec {
@@ -112,8 +115,13 @@ pub(crate) struct Spec {
     pub(crate) leases: bool,
     /// Its state machine: checks and consumes `cost` units at `now` (µs).
     pub(crate) check: fn(&mut Option<State>, &Rule, u64, u64) -> Outcome,
+    /// Gives back units at `now` (µs); `None` where a refund means nothing
+    /// (a lease is given back by its permit).
+    pub(crate) refund: Option<Refund>,
     /// Its Lua source, defining `local function <name>(key, now, slack,
-    /// count, burst, period, cost, id)` for the Redis scripts.
+    /// count, burst, period, cost, id)` for the Redis scripts, and
+    /// `<name>_refund(key, now, slack, count, burst, period, units)` where
+    /// it has a refund.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) lua: &'static str,
 }
@@ -134,6 +142,7 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         burst: false,
         leases: false,
         check: fixed_window::check,
+        refund: Some(fixed_window::refund),
         lua: lua!("fixed_window"),
     },
     Spec {
@@ -142,6 +151,7 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         burst: false,
         leases: false,
         check: sliding_log::check,
+        refund: Some(sliding_log::refund),
         lua: lua!("sliding_log"),
     },
     Spec {
@@ -150,6 +160,7 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         burst: false,
         leases: false,
         check: sliding_window::check,
+        refund: Some(sliding_window::refund),
         lua: lua!("sliding_window"),
     },
     Spec {
@@ -158,6 +169,7 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         burst: true,
         leases: false,
         check: token_bucket::check,
+        refund: Some(token_bucket::refund),
         lua: lua!("token_bucket"),
     },
     Spec {
@@ -166,6 +178,7 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         burst: true,
         leases: false,
         check: gcra::check,
+        refund: Some(gcra::refund),
         lua: lua!("gcra"),
     },
     Spec {
@@ -174,6 +187,7 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         burst: false,
         leases: true,
         check: concurrency::check,
+        refund: None,
         lua: lua!("concurrency"),
     },
 ];
@@ -202,6 +216,26 @@ pub(crate) const fn spec(algorithm: Algorithm) -> &'static Spec {
 /// lease that is never released: use [`acquire`] for those.
 pub(crate) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) -> Outcome {
     (spec(rule.algorithm()).check)(slot, rule, now, cost)
+}
+
+/// What a check of cost 1 would answer at `now`, with nothing consumed.
+pub(crate) fn peek(slot: &Option<State>, rule: &Rule, now: u64) -> Outcome {
+    let mut state = slot.clone();
+    if spec(rule.algorithm()).leases {
+        acquire(&mut state, rule, now, 1, 0)
+    } else {
+        check(&mut state, rule, now, 1)
+    }
+}
+
+/// Gives back `units` at `now` where the rule's algorithm has a refund;
+/// `false` where it has none.
+pub(crate) fn refund(slot: &mut Option<State>, rule: &Rule, now: u64, units: u64) -> bool {
+    let Some(refund) = spec(rule.algorithm()).refund else {
+        return false;
+    };
+    refund(slot, rule, now, units);
+    true
 }
 
 #[cfg(test)]

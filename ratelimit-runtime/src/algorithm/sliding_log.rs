@@ -43,6 +43,15 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
     }
 }
 
+/// Takes `units` back from the newest calls in the window (never more than
+/// it holds).
+pub(super) fn refund(slot: &mut Option<State>, rule: &Rule, now: u64, units: u64) {
+    if let Some(State::SlidingLog(log)) = slot {
+        log.expire(now, rule.period_us());
+        log.take_back(units);
+    }
+}
+
 /// A sliding log's calls, oldest first. The first few units are kept in
 /// place, one time each (most keys of a per-client limit hold one or two
 /// calls), so a new key costs no allocation; longer logs move to the heap,
@@ -126,6 +135,29 @@ impl Log {
                     }
                     log.gone = n;
                     log.calls.pop_front();
+                }
+            }
+        }
+    }
+
+    /// Takes `units` back from the newest calls.
+    pub(super) fn take_back(&mut self, units: u64) {
+        match self {
+            Log::Inline { len, .. } => *len -= units.min(u64::from(*len)) as u8,
+            Log::Heap(log) => {
+                let newest = log.calls.back().map_or(log.gone, |&(_, n)| n);
+                let target = newest.saturating_sub(units).max(log.gone);
+                while let Some(&(t, through)) = log.calls.back() {
+                    if through <= target {
+                        break;
+                    }
+                    log.calls.pop_back();
+                    let before = log.calls.back().map_or(log.gone, |&(_, n)| n);
+                    if before < target {
+                        // This call keeps what it had up to `target`.
+                        log.calls.push_back((t, target));
+                        break;
+                    }
                 }
             }
         }

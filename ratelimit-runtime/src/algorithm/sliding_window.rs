@@ -77,3 +77,13 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
         retry_after_us,
     }
 }
+
+/// Gives back `units` of the current window's count (never below none).
+pub(super) fn refund(slot: &mut Option<State>, rule: &Rule, now: u64, units: u64) {
+    let start = now - now % rule.period_us();
+    if let Some(State::SlidingWindow { start: s, cur, .. }) = slot
+        && *s == start
+    {
+        *cur = cur.saturating_sub(units);
+    }
+}

@@ -40,3 +40,19 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
         },
     }
 }
+
+/// Puts `units` tokens back, up to the burst (a full bucket is no state).
+pub(super) fn refund(slot: &mut Option<State>, rule: &Rule, now: u64, units: u64) {
+    let (count, period) = (rule.count(), rule.period_us());
+    let capacity = rule.burst() * period;
+    let Some(State::TokenBucket { tokens, last }) = *slot else {
+        return;
+    };
+    let tokens = tokens.min(capacity);
+    let elapsed = now.saturating_sub(last);
+    if elapsed >= (capacity - tokens).div_ceil(count) {
+        return;
+    }
+    let tokens = (tokens + elapsed * count + units.min(rule.burst()) * period).min(capacity);
+    *slot = (tokens < capacity).then_some(State::TokenBucket { tokens, last: now });
+}

@@ -251,6 +251,58 @@ impl MemoryBackend {
         }
     }
 
+    /// What a check of cost 1 would answer now, without consuming
+    /// anything.
+    pub fn peek_now(&self, rule: &Rule, key: &str) -> Decision {
+        self.look(rule, key, |_, _| ())
+    }
+
+    /// Gives back `units` of `key`'s budget (see [`Backend::refund`]), then
+    /// answers as [`peek_now`](MemoryBackend::peek_now).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for a `concurrency` rule (a lease is given
+    /// back by its permit).
+    pub fn refund_now(&self, rule: &Rule, key: &str, units: u64) -> Result<Decision, Error> {
+        if algorithm::spec(rule.algorithm()).refund.is_none() {
+            return Err(Error::Unsupported("refunds under a concurrency rule"));
+        }
+        Ok(self.look(rule, key, |slot, now| {
+            algorithm::refund(slot, rule, now, units);
+        }))
+    }
+
+    /// Forgets `key`'s state (its leases too), then answers as
+    /// [`peek_now`](MemoryBackend::peek_now).
+    pub fn reset_now(&self, rule: &Rule, key: &str) -> Decision {
+        self.look(rule, key, |slot, _| *slot = None)
+    }
+
+    /// Runs `first` on the key's state, if it has one, then answers what a
+    /// check of cost 1 would.
+    fn look(
+        &self,
+        rule: &Rule,
+        key: &str,
+        first: impl FnOnce(&mut Option<State>, u64),
+    ) -> Decision {
+        let now = self.inner.clock.now_micros();
+        let hash = key_hash(&self.inner.hasher, key.as_bytes());
+        let mut shard = self.shard(hash);
+        let outcome = match shard.find_mut(hash, key) {
+            Some(entry) => {
+                first(&mut entry.slot.state, now);
+                if let Some(state) = &entry.slot.state {
+                    entry.slot.expires_at = state.expires_at(rule);
+                }
+                algorithm::peek(&entry.slot.state, rule, now)
+            }
+            None => algorithm::peek(&None, rule, now),
+        };
+        outcome.decision(rule)
+    }
+
     fn update(
         &self,
         rule: &Rule,
@@ -333,6 +385,18 @@ impl Backend for MemoryBackend {
     async fn release(&self, _rule: &Rule, key: &str, _cost: u64, lease: u64) -> Result<(), Error> {
         self.release_now(key, lease);
         Ok(())
+    }
+
+    async fn peek(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
+        Ok(self.peek_now(rule, key))
+    }
+
+    async fn refund(&self, rule: &Rule, key: &str, units: u64) -> Result<Decision, Error> {
+        self.refund_now(rule, key, units)
+    }
+
+    async fn reset(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
+        Ok(self.reset_now(rule, key))
     }
 }
 

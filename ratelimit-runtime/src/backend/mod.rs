@@ -56,6 +56,53 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         let _ = (rule, key, cost, lease);
         async { Ok(()) }
     }
+
+    /// What a check of cost 1 of `key` under `rule` would answer now,
+    /// without consuming anything (a concurrency rule: what an acquire
+    /// would).
+    ///
+    /// The default answers [`Error::Unsupported`].
+    fn peek(&self, rule: &Rule, key: &str) -> impl Future<Output = Result<Decision, Error>> + Send {
+        let _ = (rule, key);
+        async { Err(Error::Unsupported("peek")) }
+    }
+
+    /// Gives back `units` of `key`'s budget under `rule` (at most what it
+    /// holds, so never above capacity), then answers as
+    /// [`peek`](Backend::peek). What a refund gives back, per algorithm:
+    ///
+    /// - fixed window, sliding window: units of the current window's count;
+    /// - sliding log: the newest calls' units;
+    /// - token bucket: tokens, up to the burst;
+    /// - GCRA: the theoretical arrival time moves back `units` emission
+    ///   intervals, never before now;
+    /// - concurrency: nothing, [`Error::Unsupported`] (a lease is given back
+    ///   by its [`Permit`](crate::Permit)).
+    ///
+    /// `1 <= units <= rule.capacity()` holds here. The default answers
+    /// [`Error::Unsupported`].
+    fn refund(
+        &self,
+        rule: &Rule,
+        key: &str,
+        units: u64,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send {
+        let _ = (rule, key, units);
+        async { Err(Error::Unsupported("refund")) }
+    }
+
+    /// Forgets `key`'s state under `rule` (a concurrency rule's leases
+    /// too), then answers as [`peek`](Backend::peek): the budget is whole.
+    ///
+    /// The default answers [`Error::Unsupported`].
+    fn reset(
+        &self,
+        rule: &Rule,
+        key: &str,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send {
+        let _ = (rule, key);
+        async { Err(Error::Unsupported("reset")) }
+    }
 }
 
 /// A key held by value, in place when short (most are): a store's entry keeps

@@ -193,6 +193,15 @@ impl OverLimitCache {
         })
     }
 
+    /// Forgets what Redis refused `key` under `rule` (its budget was reset
+    /// or given back).
+    pub(crate) fn forget(&self, rule: &Rule, key: &str) {
+        let mut shard = self.shard(key);
+        if shard.entries.get(key).is_some_and(|r| r.rule == *rule) {
+            shard.entries.remove(key);
+        }
+    }
+
     /// Remembers a refusal Redis answered to a request sent at `sent`.
     pub(crate) fn remember(
         &self,

@@ -229,6 +229,111 @@ impl RateLimiter {
         self.acquire_with(rule, key, cost, self.on_error).await
     }
 
+    /// What the next check of `key` under `rule` would answer (at cost 1;
+    /// for a concurrency rule, the next acquire), without consuming
+    /// anything: its `remaining`, `reset_after` and `retry_after` are the
+    /// ones that check would get.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{RateLimiter, Rule};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), ratelimit_runtime::Error> {
+    /// const LOGIN: Rule = Rule::fixed_window(2, Duration::from_secs(60));
+    /// let limiter = RateLimiter::in_memory();
+    /// limiter.check(&LOGIN, "login:alice").await?;
+    /// let next = limiter.peek(&LOGIN, "login:alice").await?;
+    /// assert!(next.allowed);
+    /// assert_eq!(next.remaining, 0); // after that next call
+    /// // Nothing consumed: the next check is that one.
+    /// assert!(limiter.check(&LOGIN, "login:alice").await?.allowed);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] if the backend failed (no failure policy applies:
+    /// this is an operator's question), [`Error::Unsupported`] from a custom
+    /// backend without it.
+    pub async fn peek(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
+        match &*self.store {
+            Store::Memory(memory) => Ok(memory.peek_now(rule, key)),
+            #[cfg(feature = "redis")]
+            Store::Redis { redis, .. } => Backend::peek(redis, rule, key).await,
+            Store::Custom(backend) => backend.peek(rule, key).await,
+        }
+    }
+
+    /// Gives back `units` of `key`'s budget under `rule`, for example when
+    /// the call they paid for failed downstream, then answers as
+    /// [`peek`](RateLimiter::peek). A refund never gives back more than the
+    /// budget holds; what it means per algorithm is on
+    /// [`Backend::refund`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::{RateLimiter, Rule};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), ratelimit_runtime::Error> {
+    /// const SEND: Rule = Rule::fixed_window(1, Duration::from_secs(60));
+    /// let limiter = RateLimiter::in_memory();
+    /// assert!(limiter.check(&SEND, "sms:bob").await?.allowed);
+    /// // The SMS gateway failed: the call should not count.
+    /// limiter.refund(&SEND, "sms:bob", 1).await?;
+    /// assert!(limiter.check(&SEND, "sms:bob").await?.allowed);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidCost`] if `units` is 0 or over the rule's capacity,
+    /// [`Error::Unsupported`] under a concurrency rule (drop or release the
+    /// [`Permit`] instead), and as [`peek`](RateLimiter::peek).
+    pub async fn refund(&self, rule: &Rule, key: &str, units: u64) -> Result<Decision, Error> {
+        validate_cost(rule, units)?;
+        match &*self.store {
+            Store::Memory(memory) => memory.refund_now(rule, key, units),
+            #[cfg(feature = "redis")]
+            Store::Redis {
+                redis, over_limit, ..
+            } => {
+                if let Some(cache) = over_limit {
+                    cache.forget(rule, key);
+                }
+                Backend::refund(redis, rule, key, units).await
+            }
+            Store::Custom(backend) => backend.refund(rule, key, units).await,
+        }
+    }
+
+    /// Forgets `key`'s state under `rule`, so its whole budget is there
+    /// again (a concurrency rule's leases are dropped too), then answers
+    /// as [`peek`](RateLimiter::peek). With Redis, the insurance limiter's
+    /// state of the key is forgotten too.
+    ///
+    /// # Errors
+    ///
+    /// As [`peek`](RateLimiter::peek).
+    pub async fn reset(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
+        match &*self.store {
+            Store::Memory(memory) => Ok(memory.reset_now(rule, key)),
+            #[cfg(feature = "redis")]
+            Store::Redis {
+                redis,
+                insurance,
+                over_limit,
+                ..
+            } => {
+                insurance.reset_now(rule, key);
+                if let Some(cache) = over_limit {
+                    cache.forget(rule, key);
+                }
+                Backend::reset(redis, rule, key).await
+            }
+            Store::Custom(backend) => backend.reset(rule, key).await,
+        }
+    }
+
     /// [`acquire`](RateLimiter::acquire) under the failure policy `on_error`.
     ///
     /// In process memory the answer is decided here; a backend's call is
@@ -405,6 +510,9 @@ trait DynBackend: Send + Sync + fmt::Debug + 'static {
         cost: u64,
         lease: u64,
     ) -> ReleaseFuture<'a>;
+    fn peek<'a>(&'a self, rule: &'a Rule, key: &'a str) -> CheckFuture<'a>;
+    fn refund<'a>(&'a self, rule: &'a Rule, key: &'a str, units: u64) -> CheckFuture<'a>;
+    fn reset<'a>(&'a self, rule: &'a Rule, key: &'a str) -> CheckFuture<'a>;
 }
 
 type ReleaseFuture<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'a>>;
@@ -432,6 +540,18 @@ impl<B: Backend> DynBackend for B {
         lease: u64,
     ) -> ReleaseFuture<'a> {
         Box::pin(Backend::release(self, rule, key, cost, lease))
+    }
+
+    fn peek<'a>(&'a self, rule: &'a Rule, key: &'a str) -> CheckFuture<'a> {
+        Box::pin(Backend::peek(self, rule, key))
+    }
+
+    fn refund<'a>(&'a self, rule: &'a Rule, key: &'a str, units: u64) -> CheckFuture<'a> {
+        Box::pin(Backend::refund(self, rule, key, units))
+    }
+
+    fn reset<'a>(&'a self, rule: &'a Rule, key: &'a str) -> CheckFuture<'a> {
+        Box::pin(Backend::reset(self, rule, key))
     }
 }
 #[cfg(test)]

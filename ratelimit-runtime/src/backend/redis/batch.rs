@@ -14,7 +14,7 @@ use super::connection::{Busy, Conn, call_script, script_call};
 use super::scripts::Scripts;
 use super::{Expired, RedisBackend, Stopped, TimedOut};
 use crate::Error;
-use crate::algorithm::Outcome;
+use crate::algorithm::{Outcome, spec};
 use crate::backend::StoredKey;
 
 /// The most checks one batch carries (a batch holds the server for its
@@ -81,20 +81,33 @@ impl Job {
         }
     }
 
-    /// The release of the lease this (allowed) acquire took, for nobody.
-    fn orphan_release(&self) -> Job {
-        let deadline = Instant::now() + Duration::from_secs(1);
-        Job {
-            key: self.key.clone(),
-            call: Call {
-                op: Op::Release,
-                deadline: None,
-                ..self.call
-            },
-            deadline,
-            reply: None,
-        }
+    /// Whether it runs whether or not anyone waits for it: a release, and
+    /// the give-backs of a caller that is gone (no reply).
+    fn must_run(&self) -> bool {
+        self.call.op == Op::Release || self.reply.is_none()
     }
+}
+
+/// What gives back the units an allowed check took for a caller that did
+/// not hear of it (it stopped waiting, or the answer never came in time):
+/// the release of its lease, or a refund of its cost. `None` for what is not
+/// a check, and where the algorithm has no refund.
+fn give_back_of(key: &StoredKey, call: &Call) -> Option<Job> {
+    let op = match call.op {
+        Op::Check(_) if call.lease.is_some() => Op::Release,
+        Op::Check(algorithm) if spec(algorithm).refund.is_some() => Op::Refund(algorithm),
+        _ => return None,
+    };
+    Some(Job {
+        key: key.clone(),
+        call: Call {
+            op,
+            deadline: None,
+            ..*call
+        },
+        deadline: Instant::now() + Duration::from_secs(1),
+        reply: None,
+    })
 }
 
 /// The queue of the task that sends coalesced checks, and that task.
@@ -250,6 +263,17 @@ pub(super) async fn run_batches(
     }
 }
 
+/// How long a script call's answer is still waited for once every caller of
+/// it has been answered (by its deadline): an allowed check it holds is
+/// then given back.
+const LATE_ANSWER: Duration = Duration::from_secs(2);
+
+/// How long the connection waits for any answer: past every deadline, so
+/// that a late answer still arrives (see [`LATE_ANSWER`]).
+pub(super) fn response_timeout(timeout: Duration) -> Duration {
+    timeout.max(LATE_ANSWER)
+}
+
 /// Runs one batch and hands each check its answer, or `TimedOut` at its own
 /// deadline, whichever comes first.
 ///
@@ -259,8 +283,11 @@ pub(super) async fn run_batches(
 /// carries its deadline in the server's time, estimated from the times
 /// earlier answers carried, so that the script does not run a check whose
 /// caller stopped waiting (Redis paused or slow): it would be counted in
-/// Redis after the caller was answered by the failure policy. A lease
-/// acquired for a caller that is no longer there is given back at once.
+/// Redis after the caller was answered by the failure policy. A check the
+/// script ran in time whose answer came back after its caller stopped
+/// waiting (Redis stalled between running it and answering) is given back:
+/// its lease released, or its cost refunded. So Redis keeps only what
+/// callers were told it allowed.
 pub(super) async fn send_batch(
     mut jobs: Vec<Job>,
     conn: &Arc<Conn>,
@@ -268,9 +295,9 @@ pub(super) async fn send_batch(
     timeout: Duration,
 ) {
     // A check whose caller gave up (cancelled) is not run.
-    jobs.retain(|job| job.call.op == Op::Release || job.is_waited_for());
+    jobs.retain(|job| job.must_run() || job.is_waited_for());
     let now = Instant::now();
-    for late in jobs.extract_if(.., |job| job.call.op != Op::Release && job.deadline <= now) {
+    for late in jobs.extract_if(.., |job| !job.must_run() && job.deadline <= now) {
         late.answer(Err(Error::backend(Expired(timeout))));
     }
     let Some(latest) = jobs.iter().map(|job| job.deadline).max() else {
@@ -285,7 +312,7 @@ pub(super) async fn send_batch(
     // Each check's deadline in the server's time, less a margin for its
     // answer's way back.
     let margin = timeout / 5;
-    for job in &mut jobs[..checks] {
+    for job in jobs[..checks].iter_mut().filter(|job| !job.must_run()) {
         job.call.deadline = conn.server_deadline(job.deadline, margin);
     }
     // The answers go out as they are due: each job's own reply.
@@ -293,27 +320,32 @@ pub(super) async fn send_batch(
         .iter_mut()
         .map(|job| (job.deadline, job.reply.take()))
         .collect();
-    // The call: FCALL of the library's function, or EVALSHA of the script.
-    let script = scripts.for_calls(jobs.iter().map(|job| &job.call));
-    let call = |function: bool| {
-        let mut cmd = script_call(function, &scripts.library.function, script);
-        let calls = jobs.iter().map(|job| (job.key.as_bytes(), &job.call));
-        codec::encode(&mut cmd, calls, read_ahead);
-        cmd
-    };
-    let run = async {
-        let mut live = conn.get(scripts).await?;
-        call_script(&mut live, conn, scripts, script, call)
-            .await
-            .map_err(|error| {
-                // A cluster connection that is gone is made again next time.
-                conn.forget(&error);
-                Error::backend(error)
-            })
+    // The call, owning what it sends (it may outlive this function): FCALL
+    // of the library's function, or EVALSHA of the script.
+    let wire: Arc<[(StoredKey, Call)]> = jobs.into_iter().map(|job| (job.key, job.call)).collect();
+    let run = {
+        let (conn, scripts, wire) = (Arc::clone(conn), Arc::clone(scripts), Arc::clone(&wire));
+        Box::pin(async move {
+            let script = scripts.for_calls(wire.iter().map(|(_, call)| call));
+            let call = |function: bool| {
+                let mut cmd = script_call(function, &scripts.library.function, script);
+                let calls = wire.iter().map(|(key, call)| (key.as_bytes(), call));
+                codec::encode(&mut cmd, calls, read_ahead);
+                cmd
+            };
+            let mut live = conn.get(&scripts).await?;
+            call_script::<Vec<u8>>(&mut live, &conn, &scripts, script, call)
+                .await
+                .map_err(|error| {
+                    // A cluster connection that is gone is made again next time.
+                    conn.forget(&error);
+                    Error::backend(error)
+                })
+        })
     };
     // One timer at a time: the next caller's deadline. Once every caller
-    // is answered, the batch is given up.
-    let mut run = std::pin::pin!(run);
+    // is answered, the answer is waited for in the background.
+    let mut run = run;
     let reply = loop {
         let next = replies
             .iter()
@@ -340,22 +372,47 @@ pub(super) async fn send_batch(
             }
         }
     };
-    let reply: Result<Vec<u8>, Error> = match reply {
-        Some(reply) => reply,
-        None => {
-            if conn.current().is_none() && !conn.finishing.swap(true, Ordering::AcqRel) {
-                // The connection was being made when the checks ran out of
-                // time: an attempt goes on (within the connect timeout) for
-                // the checks to come.
-                let (conn, scripts) = (Arc::clone(conn), Arc::clone(scripts));
-                tokio::spawn(async move {
-                    let _ = conn.get(&scripts).await;
-                    conn.finishing.store(false, Ordering::Release);
-                });
+    let Some(reply) = reply else {
+        for (_, reply) in &mut replies {
+            if let Some(reply) = reply.take() {
+                let _ = reply.send(Err(Error::backend(TimedOut(timeout))));
             }
-            Err(Error::backend(TimedOut(timeout)))
         }
+        if conn.current().is_none() && !conn.finishing.swap(true, Ordering::AcqRel) {
+            // The connection was being made when the checks ran out of
+            // time: an attempt goes on (within the connect timeout) for
+            // the checks to come.
+            let (conn, scripts) = (Arc::clone(conn), Arc::clone(scripts));
+            tokio::spawn(async move {
+                let _ = conn.get(&scripts).await;
+                conn.finishing.store(false, Ordering::Release);
+            });
+        }
+        // Nobody waits for the answer any more, but it may still come.
+        let (conn, scripts) = (Arc::clone(conn), Arc::clone(scripts));
+        tokio::spawn(async move {
+            if let Ok(reply) = tokio::time::timeout(LATE_ANSWER, run).await {
+                let replies = (0..wire.len()).map(|_| None).collect();
+                settle(reply, &wire, checks, replies, &conn, &scripts, timeout);
+            }
+        });
+        return;
     };
+    let replies = replies.into_iter().map(|(_, reply)| reply).collect();
+    settle(reply, &wire, checks, replies, conn, scripts, timeout);
+}
+
+/// Hands each caller still waiting its answer from a batch's `reply`, and
+/// gives back what an allowed check took for a caller no longer waiting.
+fn settle(
+    reply: Result<Vec<u8>, Error>,
+    wire: &[(StoredKey, Call)],
+    checks: usize,
+    replies: Vec<Option<Reply>>,
+    conn: &Arc<Conn>,
+    scripts: &Arc<Scripts>,
+    timeout: Duration,
+) {
     match reply.and_then(|reply| codec::decode(&reply, checks)) {
         Ok((answers, server_time)) => {
             if let Some(time) = server_time {
@@ -363,27 +420,18 @@ pub(super) async fn send_batch(
             }
             // The checks' answers, in order; the releases after them get none.
             let mut answers = answers.into_iter();
-            let mut orphans = Vec::new();
-            for (job, (_, reply)) in jobs.iter().zip(replies) {
+            let mut give_backs = Vec::new();
+            for ((key, call), reply) in wire.iter().zip(replies) {
                 let answer = answers.next().unwrap_or(codec::Answer::Ran(RELEASED));
                 let waited = reply.as_ref().is_some_and(|reply| !reply.is_closed());
                 if let (codec::Answer::Ran(outcome), false) = (answer, waited)
                     && outcome.allowed
-                    && job.call.op != Op::Release
-                    && job.call.lease.is_none()
+                    && let Some(job) = give_back_of(key, call)
                 {
                     tracing::debug!(
-                        "Redis allowed a check whose caller had stopped waiting \
-                         (its answer was on its way back as its deadline passed)"
+                        "Redis allowed a check whose caller had stopped waiting: given back"
                     );
-                }
-                if let (codec::Answer::Ran(outcome), false) = (answer, waited)
-                    && outcome.allowed
-                    && job.call.lease.is_some()
-                    && job.call.op != Op::Release
-                {
-                    // A lease taken for a caller that is gone: give it back.
-                    orphans.push(job.orphan_release());
+                    give_backs.push(job);
                 }
                 if let Some(reply) = reply {
                     let _ = reply.send(match answer {
@@ -392,9 +440,9 @@ pub(super) async fn send_batch(
                     });
                 }
             }
-            if !orphans.is_empty() {
+            if !give_backs.is_empty() {
                 tokio::spawn(give_back(
-                    orphans,
+                    give_backs,
                     Arc::clone(conn),
                     Arc::clone(scripts),
                     timeout,
@@ -403,24 +451,23 @@ pub(super) async fn send_batch(
         }
         Err(error) => {
             let error = Shared::new(error);
-            for (_, reply) in replies {
-                if let Some(reply) = reply {
-                    let _ = reply.send(Err(Error::backend(error.clone())));
-                }
+            for reply in replies.into_iter().flatten() {
+                let _ = reply.send(Err(Error::backend(error.clone())));
             }
         }
     }
 }
 
-/// Sends the releases of leases taken for callers that are gone (boxed: a
-/// batch that sends them is itself a batch).
+/// Sends what is given back for callers that are gone: the releases of
+/// their leases and the refunds of their checks (boxed: a batch that sends
+/// them is itself a batch).
 fn give_back(
-    releases: Vec<Job>,
+    jobs: Vec<Job>,
     conn: Arc<Conn>,
     scripts: Arc<Scripts>,
     timeout: Duration,
 ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
-    Box::pin(async move { send_batch(releases, &conn, &scripts, timeout).await })
+    Box::pin(async move { send_batch(jobs, &conn, &scripts, timeout).await })
 }
 
 /// A job's answer. The batch task gives it by the job's deadline, or drops

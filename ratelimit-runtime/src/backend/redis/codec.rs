@@ -14,6 +14,9 @@
 //! | `ARGV[5]` | the checks' deadlines in the server's time (µs), big-endian doubles: the earliest, then one per check; empty when none has one. A check the script reaches after its deadline is not run: its caller has stopped waiting, and counting it would be a phantom count |
 //! | `ARGV[6..]` | the lease ids in decimal (64 bits do not fit a double): one per check whose rule carries one, in order, then one per release |
 //!
+//! Peeks, refunds and resets go as checks (with their own op ids; see
+//! [`Op::id`]): each answers what a check of cost 1 would answer next.
+//!
 //! The answer is 4 big-endian doubles per check, packed in one string:
 //! allowed (1/0, or 2: not run, past its deadline), remaining, reset after
 //! (µs), retry after (µs); then the server's time (µs) as the script read
@@ -52,16 +55,27 @@ pub(super) enum Op {
     Check(Algorithm),
     /// A lease given back.
     Release,
+    /// What a check of cost 1 would answer, without running it.
+    Peek(Algorithm),
+    /// Units given back (then answered as a peek).
+    Refund(Algorithm),
+    /// The key's state deleted (then answered as a peek).
+    Reset(Algorithm),
 }
 
 impl Op {
-    /// Its id on the wire: an algorithm's place in the registry plus one
-    /// (the batch script's `run` table is written from the registry); a
-    /// release after every algorithm.
+    /// Its id on the wire, from the algorithm's place `a` in the registry
+    /// of `n` (the batch script's tables are written from the registry):
+    /// a check `1 + a`, a release `n + 1`, a peek `n + 2 + a`, a refund
+    /// `2n + 2 + a`, a reset `3n + 2 + a`.
     pub(super) fn id(self) -> u8 {
+        let n = REGISTRY.len() as u8;
         match self {
             Op::Check(algorithm) => algorithm as u8 + 1,
-            Op::Release => REGISTRY.len() as u8 + 1,
+            Op::Release => n + 1,
+            Op::Peek(algorithm) => n + 2 + algorithm as u8,
+            Op::Refund(algorithm) => 2 * n + 2 + algorithm as u8,
+            Op::Reset(algorithm) => 3 * n + 2 + algorithm as u8,
         }
     }
 }
@@ -113,9 +127,10 @@ impl Call {
     /// that holds leases (a sorted set), 2 a release.
     pub(super) fn place(&self) -> u8 {
         match self.op {
-            Op::Check(algorithm) if spec(algorithm).leases => 1,
-            Op::Check(_) => 0,
             Op::Release => 2,
+            Op::Reset(_) => 1,
+            _ if spec(self.algorithm).leases => 1,
+            _ => 0,
         }
     }
 

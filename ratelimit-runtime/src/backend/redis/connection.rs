@@ -272,7 +272,7 @@ impl Conn {
             Target::Single(client) => {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.connect_timeout))
-                    .set_response_timeout(Some(self.timeout))
+                    .set_response_timeout(Some(super::batch::response_timeout(self.timeout)))
                     .set_number_of_retries(2)
                     .set_max_delay(Duration::from_secs(1));
                 let mut live = Live::Single(

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::Backend;
-use crate::algorithm::Outcome;
+use crate::algorithm::{Outcome, spec};
 use crate::{Decision, Error, Rule};
 use batch::{Answer, Batching, Job, answered, send_batch};
 use codec::{Call, Clock, Op};
@@ -166,7 +166,7 @@ impl RedisBackend {
         // answered it did not run.
         let client = ClusterClient::builder(urls.iter().map(String::as_str))
             .connection_timeout(options.connect_timeout)
-            .response_timeout(options.timeout)
+            .response_timeout(batch::response_timeout(options.timeout))
             .retries(0)
             .build()
             .map_err(|e| Error::Config(format!("bad Redis Cluster URLs {urls:?}: {e}")))?;
@@ -253,6 +253,50 @@ impl RedisBackend {
     ) -> Result<Decision, Error> {
         let call = Call::new(Op::Check(rule.algorithm()), rule, cost, clock, lease);
         Ok(self.run(key, call).await?.decision(rule))
+    }
+
+    /// A peek, refund or reset on `clock`.
+    async fn look(
+        &self,
+        op: Op,
+        rule: &Rule,
+        key: &str,
+        units: u64,
+        clock: Clock,
+    ) -> Result<Decision, Error> {
+        if matches!(op, Op::Refund(_)) && spec(rule.algorithm()).refund.is_none() {
+            return Err(Error::Unsupported("refunds under a concurrency rule"));
+        }
+        let call = Call::new(op, rule, units, clock, None);
+        Ok(self.run(key, call).await?.decision(rule))
+    }
+
+    /// [`Backend::peek`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
+    #[doc(hidden)]
+    pub async fn peek_at(&self, rule: &Rule, key: &str, now: Duration) -> Result<Decision, Error> {
+        let op = Op::Peek(rule.algorithm());
+        self.look(op, rule, key, 1, Clock::Fixed(micros(now))).await
+    }
+
+    /// [`Backend::refund`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
+    #[doc(hidden)]
+    pub async fn refund_at(
+        &self,
+        rule: &Rule,
+        key: &str,
+        units: u64,
+        now: Duration,
+    ) -> Result<Decision, Error> {
+        let op = Op::Refund(rule.algorithm());
+        self.look(op, rule, key, units, Clock::Fixed(micros(now)))
+            .await
+    }
+
+    /// [`Backend::reset`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
+    #[doc(hidden)]
+    pub async fn reset_at(&self, rule: &Rule, key: &str, now: Duration) -> Result<Decision, Error> {
+        let op = Op::Reset(rule.algorithm());
+        self.look(op, rule, key, 1, Clock::Fixed(micros(now))).await
     }
 
     /// The batching, if this call should join the next batch: when
@@ -355,6 +399,21 @@ impl Backend for RedisBackend {
     async fn release(&self, rule: &Rule, key: &str, cost: u64, lease: u64) -> Result<(), Error> {
         let call = Call::new(Op::Release, rule, cost, Clock::Server, Some(lease));
         self.run(key, call).await.map(drop)
+    }
+
+    async fn peek(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
+        let op = Op::Peek(rule.algorithm());
+        self.look(op, rule, key, 1, Clock::Server).await
+    }
+
+    async fn refund(&self, rule: &Rule, key: &str, units: u64) -> Result<Decision, Error> {
+        let op = Op::Refund(rule.algorithm());
+        self.look(op, rule, key, units, Clock::Server).await
+    }
+
+    async fn reset(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
+        let op = Op::Reset(rule.algorithm());
+        self.look(op, rule, key, 1, Clock::Server).await
     }
 }
 

@@ -8,7 +8,7 @@
 
 use redis::Script;
 
-use super::codec::Call;
+use super::codec::{Call, Op};
 use crate::algorithm::{REGISTRY, Spec};
 
 /// The library functions the scripts use, bound to locals.
@@ -28,14 +28,39 @@ fn body<'a>(specs: impl Iterator<Item = &'a Spec>) -> String {
     body
 }
 
-/// The driver's table of these algorithms by op id (place in the registry
-/// plus one).
-fn run_table<'a>(specs: impl Iterator<Item = &'a Spec>) -> String {
-    // One constructor, so the table is made at its size at once.
-    let entries: Vec<String> = specs
-        .map(|spec| format!("[{}] = {}", spec.algorithm as usize + 1, spec.name))
-        .collect();
-    format!("local run = {{{}}}\n", entries.join(", "))
+/// The driver's tables of these algorithms by op id (see [`Op::id`]):
+/// `run`, each op's check (a peek's, a refund's and a reset's too: they
+/// answer what it would answer next), and `before`, what a look runs first
+/// (a peek nothing: `true`).
+fn run_table<'a>(specs: impl Iterator<Item = &'a Spec> + Clone) -> String {
+    // One constructor each, so the tables are made at their sizes at once.
+    let mut run = Vec::new();
+    let mut before = Vec::new();
+    for spec in specs {
+        let algorithm = spec.algorithm;
+        for op in [
+            Op::Check(algorithm),
+            Op::Peek(algorithm),
+            Op::Reset(algorithm),
+        ] {
+            run.push(format!("[{}] = {}", op.id(), spec.name));
+        }
+        before.push(format!("[{}] = true", Op::Peek(algorithm).id()));
+        before.push(format!("[{}] = reset", Op::Reset(algorithm).id()));
+        if spec.refund.is_some() {
+            run.push(format!("[{}] = {}", Op::Refund(algorithm).id(), spec.name));
+            before.push(format!(
+                "[{}] = {}_refund",
+                Op::Refund(algorithm).id(),
+                spec.name
+            ));
+        }
+    }
+    format!(
+        "local run = {{{}}}\nlocal before = {{{}}}\n",
+        run.join(", "),
+        before.join(", ")
+    )
 }
 
 /// A batch script of these algorithms.

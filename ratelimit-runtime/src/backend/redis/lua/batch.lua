@@ -15,12 +15,15 @@
 -- none); ARGV[6..] the
 -- lease ids. The answer: 4 packed doubles per check (allowed 2: past its
 -- deadline, not run), then the server's time (-1: not read).
--- `run`, the algorithms by op id, is written before this from the registry.
+-- `run`, the algorithms by op id, and `before`, what runs before a look
+-- (op ids of peeks: true; of refunds and resets: their functions), are
+-- written before this from the registry. A peek, a refund and a reset
+-- answer what a check of cost 1 would answer next, without running it.
 --
 -- A check's rule is unpacked once per batch, not once per check: most
 -- checks of a batch share a few rules.
 
-texts, aboves = {}, {}
+texts, aboves, dry = {}, {}, false
 local packed, order, costs, deadlines = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
 local checks, time = #order, nil
 local rules = {}
@@ -34,7 +37,7 @@ for r = 1, #packed / 48 do
         end
         now, slack = time, 0
     end
-    rules[r] = {run[what], now, slack, count, burst, period, leased == 1}
+    rules[r] = {run[what], now, slack, count, burst, period, leased == 1, before[what]}
 end
 
 -- The string states read ahead, in one MGET: the first checks, each of its
@@ -48,12 +51,13 @@ if reads > 0 then values = redis_call('MGET', unpack(KEYS, 1, reads)) end
 -- earliest not passed) looks at none of them.
 local only, costed = #rules == 1, #costs > 0
 local dated = #deadlines > 0 and time and struct_unpack('>d', deadlines, 1) < time
-local check, now, slack, count, burst, period, leased = unpack(rules[1] or {})
+local check, now, slack, count, burst, period, leased, first = unpack(rules[1] or {})
 local out, lease, cost = {}, 5, 1
 for i = 1, checks do
     local id = nil
     if not only then
-        check, now, slack, count, burst, period, leased = unpack(rules[string_byte(order, i)])
+        check, now, slack, count, burst, period, leased, first =
+            unpack(rules[string_byte(order, i)])
     end
     if costed then cost = struct_unpack('>d', costs, 8 * i - 7) end
     if leased then
@@ -64,6 +68,16 @@ for i = 1, checks do
     if dated and struct_unpack('>d', deadlines, 8 * i + 1) < time then
         -- Its caller has stopped waiting: counting it would be a phantom.
         out[n - 3], out[n - 2], out[n - 1], out[n] = 2, 0, 0, 0
+    elseif first then
+        pending = values[i]
+        if first ~= true then
+            first(KEYS[i], now, slack, count, burst, period, cost)
+            pending = nil
+        end
+        dry = true
+        out[n - 3], out[n - 2], out[n - 1], out[n] =
+            check(KEYS[i], now, slack, count, burst, period, 1, '0')
+        dry = false
     else
         pending = values[i]
         out[n - 3], out[n - 2], out[n - 1], out[n] =

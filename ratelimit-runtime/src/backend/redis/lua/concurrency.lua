@@ -36,20 +36,22 @@ end
 
 local function concurrency(key, now, slack, count, burst, period, cost, lease)
     local marks = redis_pcall('ZMSCORE', key, LEASES, EPOCH)
-    local held, epoch, trimmed = 0, nil, false
+    -- Dead leases still stored (a peek does not trim them): first in the set.
+    local held, epoch, trimmed, stale = 0, nil, false, 0
     if marks[1] then
         held, epoch = -tonumber(marks[1]), marks[2] and -tonumber(marks[2])
         local dead = redis_call('ZRANGEBYSCORE', key, '(0', text(now))
         if #dead > 0 then
             -- Holders that died: their units come back.
             for i = 1, #dead do held = held - lease_units(dead[i]) end
-            redis_call('ZREMRANGEBYSCORE', key, '(0', text(now))
+            write('ZREMRANGEBYSCORE', key, '(0', text(now))
             trimmed = true
+            if dry then stale = #dead end
         end
     else
         -- Nothing of ours (another algorithm's state, or anything else): a
         -- fresh start, as the memory backend makes.
-        redis_call('DEL', key)
+        write('DEL', key)
     end
     local allowed = 0
     if held + cost <= count then
@@ -57,16 +59,16 @@ local function concurrency(key, now, slack, count, burst, period, cost, lease)
         local ends = (idiv(now, period) + 2) * period
         local member = lease_member(lease, cost)
         if epoch and epoch >= ends then
-            redis_call('ZADD', key, text(now + period), member, text(-(held + cost)), LEASES)
+            write('ZADD', key, text(now + period), member, text(-(held + cost)), LEASES)
         else
             -- A later end than the key had (or a new key).
-            redis_call('ZADD', key, text(now + period), member, text(-(held + cost)), LEASES,
+            write('ZADD', key, text(now + period), member, text(-(held + cost)), LEASES,
                 text(-ends), EPOCH)
-            redis_call('PEXPIRE', key, text(math.ceil((ends - now) / 1000) + slack))
+            write('PEXPIRE', key, text(math.ceil((ends - now) / 1000) + slack))
         end
         held = held + cost
     elseif trimmed then
-        redis_call('ZADD', key, text(-held), LEASES)
+        write('ZADD', key, text(-held), LEASES)
     end
 
     local remaining = math.max(count - held, 0)
@@ -79,8 +81,10 @@ local function concurrency(key, now, slack, count, burst, period, cost, lease)
     local retry = 0
     if remaining < cost then
         -- The live lease holding unit number `held + cost - count` (1-based)
-        -- must go first. Live leases are all of the set past its two marks.
-        local want, rank, stop = held + cost - count, 2, 2 + LEASE_WALK
+        -- must go first. Live leases are all of the set past its two marks
+        -- (and the dead ones a peek left).
+        local want, rank = held + cost - count, 2 + stale
+        local stop = rank + LEASE_WALK
         while rank < stop and not (retry > 0) do
             local page = redis_call('ZRANGE', key, text(rank), text(rank + 63), 'WITHSCORES')
             if #page == 0 then break end
@@ -93,7 +97,13 @@ local function concurrency(key, now, slack, count, burst, period, cost, lease)
             end
             rank = rank + 64
         end
-        if not (retry > 0) then retry = score_at(key, -1) - now end
+        if not (retry > 0) then
+            -- Past the leases walked: by when the last lease ends (the one
+            -- just taken, too, which a peek does not store).
+            local last = score_at(key, -1) or 0
+            if allowed == 1 then last = math.max(last, now + period) end
+            retry = last - now
+        end
     end
     return allowed, remaining, reset, retry
 end

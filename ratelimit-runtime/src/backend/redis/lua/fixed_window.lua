@@ -18,10 +18,18 @@ local function fixed_window(key, now, slack, count, burst, period, cost)
     -- The key lives exactly as long as its window (+ slack when the caller
     -- fixes the time); every write sets it, so no write leaves a key
     -- without a TTL.
-    redis_call('SET', key, FIXED_WINDOW .. struct_pack('>dd', used, ends),
+    write('SET', key, FIXED_WINDOW .. struct_pack('>dd', used, ends),
         'PX', text(math.ceil(reset / 1000) + slack))
     local remaining = count - used
     local retry = 0
     if remaining < cost then retry = reset end
     return 1, remaining, reset, retry
+end
+
+-- Gives back `units` of the current window (never below none used).
+local function fixed_window_refund(key, now, slack, count, burst, period, units)
+    local used, ends = load(key, FIXED_WINDOW, 2)
+    if not used or now >= ends or used == 0 then return end
+    write('SET', key, FIXED_WINDOW .. struct_pack('>dd', math.max(used - units, 0), ends),
+        'PX', text(math.ceil((ends - now) / 1000) + slack))
 end

@@ -31,7 +31,7 @@ local function gcra(key, now, slack, count, burst, period, cost)
         ahead = ahead + step
         local whole = idiv(ahead, count)
         -- Once the TAT has passed the key is the same as no key: expire then.
-        redis_call('SET', key, GCRA .. struct_pack('>dd', now + whole, ahead - whole * count),
+        write('SET', key, GCRA .. struct_pack('>dd', now + whole, ahead - whole * count),
             'PX', text(math.ceil(ceil_div(ahead, count) / 1000) + slack))
     end
 
@@ -39,4 +39,22 @@ local function gcra(key, now, slack, count, burst, period, cost)
     if tolerance - ahead < step then retry = ceil_div(ahead + step - tolerance, count) end
     -- ahead can exceed the tolerance only if the rule was tightened since it was stored.
     return allowed, idiv(math.max(tolerance - ahead, 0), period), ceil_div(ahead, count), retry
+end
+
+-- Moves the theoretical arrival time back by `units` emission intervals,
+-- never before now (a TAT passed is no key). A TAT further ahead than the
+-- rule's tolerance (its count was raised since) is left as it is.
+local function gcra_refund(key, now, slack, count, burst, period, units)
+    local tat, rem = load(key, GCRA, 2)
+    if not tat or tat < now then return end
+    local whole = tat - now
+    if whole > idiv(burst * period, count) + 1 then return end
+    local ahead = whole * count + rem - units * period
+    if ahead <= 0 then
+        write('DEL', key)
+        return
+    end
+    local w = idiv(ahead, count)
+    write('SET', key, GCRA .. struct_pack('>dd', now + w, ahead - w * count),
+        'PX', text(math.ceil(ceil_div(ahead, count) / 1000) + slack))
 end

@@ -85,6 +85,19 @@ local function load(key, head, n)
     return nil
 end
 
+-- Whether the job being run only looks (a peek, or the answer after a
+-- refund or a reset): its writes are skipped. Every write of an algorithm
+-- goes through `write`.
+local dry = false
+local function write(...)
+    if not dry then return redis_call(...) end
+end
+
+-- A key's state gone, whatever holds it (a reset; leases too).
+local function reset(key)
+    redis_call('DEL', key)
+end
+
 -- The score of the sorted set's member at rank `index` (-1: the last).
 local function score_at(key, index)
     return tonumber(redis_call('ZRANGE', key, text(index), text(index), 'WITHSCORES')[2])

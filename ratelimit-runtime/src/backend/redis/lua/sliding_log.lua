@@ -84,31 +84,37 @@ local function sliding_log_set(key, now, slack, count, period, cost, last)
     local held = newest - base
     if held == 0 then return nil end
 
-    local allowed = 0
+    local allowed, counted = 0, newest
     if held + cost <= count then
         allowed = 1
-        newest, newest_at, last = newest + cost, math.max(now, newest_at), last + 1
-        redis_call('ZADD', key, text(newest_at), struct_pack('>dd', newest, cost))
-        redis_call('PEXPIRE', key, text(math.ceil(period / 1000) + slack))
+        newest, newest_at = newest + cost, math.max(now, newest_at)
+        write('ZADD', key, text(newest_at), struct_pack('>dd', newest, cost))
+        write('PEXPIRE', key, text(math.ceil(period / 1000) + slack))
         held = held + cost
     end
     local remaining = math.max(count - held, 0)
     if gone > 1 and (allowed == 0 or remaining < cost or now % 8 == 0) then
-        redis_call('ZREMRANGEBYRANK', key, '1', text(math.min(gone - 1, TRIM)))
         local trimmed = math.min(gone - 1, TRIM)
-        gone, last = gone - trimmed, last - trimmed
+        write('ZREMRANGEBYRANK', key, '1', text(trimmed))
+        if not dry then gone, last = gone - trimmed, last - trimmed end
     end
     local retry = 0
     if remaining < cost then
         -- The oldest `held + cost - count` units must leave the window
-        -- first: the first live call through them, found by bisection.
-        local want, lo, hi = base + held + cost - count, gone + 1, last
-        while lo < hi do
-            local mid = math.floor((lo + hi) / 2)
-            if log_call(key, mid) >= want then hi = mid else lo = mid + 1 end
+        -- first: the first live call through them, found by bisection
+        -- (the call just made, past the ones stored).
+        local want = base + held + cost - count
+        if want > counted then
+            retry = newest_at + period - now
+        else
+            local lo, hi = gone + 1, last
+            while lo < hi do
+                local mid = math.floor((lo + hi) / 2)
+                if log_call(key, mid) >= want then hi = mid else lo = mid + 1 end
+            end
+            local _, _, at = log_call(key, lo)
+            retry = at + period - now
         end
-        local _, _, at = log_call(key, lo)
-        retry = at + period - now
     end
     return allowed, remaining, newest_at + period - now, retry
 end
@@ -142,7 +148,7 @@ local function sliding_log(key, now, slack, count, burst, period, cost)
         if held + cost <= LOG_IN_STRING then
             local added = packed_time(t)
             if cost > 1 then added = string.rep(added, cost) end
-            redis_call('SET', key, LOG_STRING .. string.sub(stored, at) .. added, 'PX', ttl)
+            write('SET', key, LOG_STRING .. string.sub(stored, at) .. added, 'PX', ttl)
         else
             -- Outgrown: a sorted set, a call per unit held, then this one.
             local args = {'-1', LOG_SET}
@@ -152,9 +158,9 @@ local function sliding_log(key, now, slack, count, burst, period, cost)
             end
             args[#args + 1] = text(t)
             args[#args + 1] = struct_pack('>dd', held + cost, cost)
-            redis_call('DEL', key)
-            redis_call('ZADD', key, unpack(args))
-            redis_call('PEXPIRE', key, ttl)
+            write('DEL', key)
+            write('ZADD', key, unpack(args))
+            write('PEXPIRE', key, ttl)
         end
         held = held + cost
     end
@@ -172,4 +178,51 @@ local function sliding_log(key, now, slack, count, burst, period, cost)
         retry = log_time(stored, at, stored_held, held + cost - count, t) + period - now
     end
     return allowed, remaining, reset, retry
+end
+
+-- Takes `units` back from the newest calls in the window (never more than
+-- it holds).
+local function sliding_log_refund(key, now, slack, count, burst, period, units)
+    local stored = pending
+    if stored == nil then stored = redis_pcall('GET', key) end
+    pending = nil
+    local at, held = string_log(stored, now, period)
+    if at then
+        local keep = math.max(held - units, 0)
+        if keep == 0 then
+            write('DEL', key)
+            return
+        end
+        local newest = struct_unpack('>d', stored, at + 8 * (keep - 1))
+        write('SET', key, LOG_STRING .. string.sub(stored, at, at + 8 * keep - 1),
+            'PX', text(math.ceil((newest + period - now) / 1000) + slack))
+        return
+    end
+    if type(redis_pcall('ZSCORE', key, LOG_SET)) ~= 'string' then return end
+    local last = redis_call('ZCARD', key) - 1
+    if last < 1 then return end
+    local newest = log_call(key, last)
+    local gone = redis_call('ZCOUNT', key, '0', text(now - period))
+    local base
+    if gone > 0 then
+        base = log_call(key, gone)
+    else
+        local through, u = log_call(key, 1)
+        base = through - u
+    end
+    -- What is counted through the newest call once the units are back.
+    local target = math.max(newest - units, base)
+    if target == newest then return end
+    -- The first live call counted past `target`: it keeps what it has up to
+    -- `target`, every newer one goes.
+    local lo, hi = gone + 1, last
+    while lo < hi do
+        local mid = math.floor((lo + hi) / 2)
+        if log_call(key, mid) > target then hi = mid else lo = mid + 1 end
+    end
+    local through, u, t = log_call(key, lo)
+    write('ZREMRANGEBYRANK', key, text(lo), text(last))
+    if through - u < target then
+        write('ZADD', key, text(t), struct_pack('>dd', target, target - (through - u)))
+    end
 end

@@ -42,7 +42,7 @@ local function sliding_window(key, now, slack, count, burst, period, cost)
         allowed = 1
         cur, used = cur + cost, used + cost
         -- Worth keeping until this window's count has faded: the end of the next one.
-        redis_call('SET', key, SLIDING_WINDOW .. struct_pack('>ddd', start, cur, prev),
+        write('SET', key, SLIDING_WINDOW .. struct_pack('>ddd', start, cur, prev),
             'PX', text(math.ceil((2 * period - elapsed) / 1000) + slack))
     end
 
@@ -62,4 +62,13 @@ local function sliding_window(key, now, slack, count, burst, period, cost)
         end
     end
     return allowed, remaining, reset, retry
+end
+
+-- Gives back `units` of the current window's count (never below none).
+local function sliding_window_refund(key, now, slack, count, burst, period, units)
+    local start = now - math.fmod(now, period)
+    local s, c, p = load(key, SLIDING_WINDOW, 3)
+    if s ~= start or c == 0 then return end
+    write('SET', key, SLIDING_WINDOW .. struct_pack('>ddd', s, math.max(c - units, 0), p),
+        'PX', text(math.ceil((2 * period - (now - start)) / 1000) + slack))
 end

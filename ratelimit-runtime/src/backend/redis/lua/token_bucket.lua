@@ -30,11 +30,28 @@ local function token_bucket(key, now, slack, count, burst, period, cost)
         allowed = 1
         tokens = tokens - need
         -- Once full again the bucket is the same as no key: expire then.
-        redis_call('SET', key, TOKEN_BUCKET .. struct_pack('>dd', tokens, now),
+        write('SET', key, TOKEN_BUCKET .. struct_pack('>dd', tokens, now),
             'PX', text(math.ceil(ceil_div(capacity - tokens, count) / 1000) + slack))
     end
 
     local retry = 0
     if tokens < need then retry = ceil_div(need - tokens, count) end
     return allowed, idiv(tokens, period), ceil_div(capacity - tokens, count), retry
+end
+
+-- Puts `units` tokens back, up to the burst (a full bucket is no key).
+local function token_bucket_refund(key, now, slack, count, burst, period, units)
+    local capacity = burst * period
+    local tokens, last = load(key, TOKEN_BUCKET, 2)
+    if not tokens then return end
+    tokens = math.min(tokens, capacity)
+    local elapsed = math.max(now - last, 0)
+    if elapsed >= ceil_div(capacity - tokens, count) then return end
+    tokens = math.min(tokens + elapsed * count + units * period, capacity)
+    if tokens == capacity then
+        write('DEL', key)
+        return
+    end
+    write('SET', key, TOKEN_BUCKET .. struct_pack('>dd', tokens, now),
+        'PX', text(math.ceil(ceil_div(capacity - tokens, count) / 1000) + slack))
 end
