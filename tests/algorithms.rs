@@ -668,14 +668,7 @@ async fn foreign_values_are_never_read_as_state() {
             strings.push([b"xyz".to_vec(), vec![tag], huge(n)].concat());
         }
     }
-    for algorithm in [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingLog,
-        Algorithm::SlidingWindow,
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-        Algorithm::Concurrency,
-    ] {
+    for algorithm in Algorithm::ALL {
         let rule = Rule::new(algorithm, 3, Duration::from_secs(10));
         let mut plants: Vec<(String, redis::Cmd)> = strings
             .iter()

@@ -66,21 +66,21 @@ local function log_call(key, rank)
     return through, units, tonumber(found[2])
 end
 
+-- How many calls of a sorted-set log have left the window at `now` (ranks
+-- 1..gone), and the units counted before the window's first call.
+local function log_window(key, now, period)
+    local gone = redis_call('ZCOUNT', key, '0', text(now - period))
+    if gone > 0 then return gone, (log_call(key, gone)) end
+    local through, units = log_call(key, 1)
+    return 0, through - units
+end
+
 -- The sorted-set log, `last` the rank of its newest call (rank 0 is
 -- LOG_SET). Nil when nothing in it is live: the caller starts a string log.
 local function sliding_log_set(key, now, slack, count, period, cost, last)
     if last < 1 then return nil end
     local newest, _, newest_at = log_call(key, last)
-    -- How many calls have left the window (ranks 1..gone), and the units
-    -- counted before the window's first call.
-    local gone = redis_call('ZCOUNT', key, '0', text(now - period))
-    local base
-    if gone > 0 then
-        base = log_call(key, gone)
-    else
-        local through, units = log_call(key, 1)
-        base = through - units
-    end
+    local gone, base = log_window(key, now, period)
     local held = newest - base
     if held == 0 then return nil end
 
@@ -202,14 +202,7 @@ local function sliding_log_refund(key, now, slack, count, burst, period, units)
     local last = redis_call('ZCARD', key) - 1
     if last < 1 then return end
     local newest = log_call(key, last)
-    local gone = redis_call('ZCOUNT', key, '0', text(now - period))
-    local base
-    if gone > 0 then
-        base = log_call(key, gone)
-    else
-        local through, u = log_call(key, 1)
-        base = through - u
-    end
+    local gone, base = log_window(key, now, period)
     -- What is counted through the newest call once the units are back.
     local target = math.max(newest - units, base)
     if target == newest then return end
