@@ -36,11 +36,13 @@ pub(crate) struct RuleConfig {
     pub(crate) shadow: bool,
 }
 
-/// How the generated code reaches the actix `HttpRequest`.
+/// How the generated code reaches the request's [`HttpCall`] (an extractor
+/// in every framework the runtime adapts).
 pub(crate) enum Request {
     /// A parameter of the fn's own.
     Param(Ident),
-    /// A parameter the expansion adds (`__ratelimit_req`).
+    /// A parameter the expansion adds first (`__ratelimit_call`): before a
+    /// body extractor, which axum wants last.
     Injected,
 }
 
@@ -49,9 +51,10 @@ pub(crate) struct Config {
     pub(crate) krate: syn::Path,
     pub(crate) rules: Vec<RuleConfig>,
     pub(crate) request: Option<Request>,
-    /// An actix handler whose response the expansion builds: a route
-    /// attribute is in sight, or it returns `impl Responder`. It then returns
-    /// `HttpResponse`, with rate-limit headers on allowed responses too.
+    /// An HTTP handler whose response the expansion builds: a rule charges
+    /// a client's budget, or it returns `impl Responder`/`impl IntoResponse`.
+    /// It then returns `Reply<..>`, with rate-limit headers on allowed
+    /// responses too.
     pub(crate) responder: bool,
     /// The fn's return type when the expansion replaces it (to type the body).
     pub(crate) original_output: Option<Type>,
@@ -99,25 +102,39 @@ impl Config {
             })
             .unwrap_or_else(|| syn::parse_quote!(::ratelimit_runtime));
 
-        let routed = is_routed(func);
-        let responder = match &func.sig.output {
+        // An HTTP handler: a rule charges a client's budget (`by = ip`,
+        // `by = header(..)`), or the fn returns `impl Responder` (actix-web)
+        // or `impl IntoResponse` (axum). Nothing else about the fn (its
+        // other attributes, their names) changes the expansion: the
+        // framework is the one whose extractor and response traits the
+        // generated types meet.
+        let by_client = raws
+            .iter()
+            .filter_map(|raw| raw.value(BY))
+            .any(|by| match by {
+                // `by = arg(p)`: a value of the call's, no client's.
+                Expr::Call(_) => call_name_is(by, "header"),
+                _ => !is_ident(by, "global"),
+            });
+        let responds = match &func.sig.output {
             ReturnType::Type(_, ty) => match &**ty {
-                Type::ImplTrait(imp) if mentions(imp.to_token_stream(), &["Responder"]) => true,
-                _ if routed => true,
-                Type::ImplTrait(imp) => {
+                Type::ImplTrait(imp) if mentions(imp.to_token_stream(), RESPONSE_TRAITS) => true,
+                Type::ImplTrait(imp) if !by_client => {
                     cx.error_tokens(
                         imp,
                         "`#[rate_limit]` cannot report a rejection through an `impl Trait` return \
                          type; choose one: add `fallback = path` to the attribute, return \
-                         `Result<_, E>` where `E: From<RateLimited>`, or make the fn an actix-web \
-                         handler returning `impl Responder`",
+                         `Result<_, E>` where `E: From<RateLimited>`, or make the fn an HTTP \
+                         handler returning `impl Responder` (actix-web) or `impl IntoResponse` \
+                         (axum)",
                     );
                     false
                 }
                 _ => false,
             },
-            ReturnType::Default => routed,
+            ReturnType::Default => false,
         };
+        let responder = responds || by_client;
         let original_output = match &func.sig.output {
             ReturnType::Type(_, ty) if responder && !matches!(**ty, Type::ImplTrait(_)) => {
                 Some((**ty).clone())
@@ -148,36 +165,10 @@ impl Config {
             }
         }
 
-        let needs_request = responder
-            || looks_like_handler(func)
-            || rules
-                .iter()
-                .flatten()
-                .any(|r| !matches!(r.subject, Subject::Global));
-        let request = if needs_request {
-            match request_param(func) {
-                Some(ident) => Some(Request::Param(ident)),
-                None if responder || looks_like_handler(func) => Some(Request::Injected),
-                None => {
-                    for raw in &raws {
-                        if let Some(by) = raw.value(BY).filter(|by| !is_ident(by, "global")) {
-                            if matches!(by, Expr::Call(_)) && !call_name_is(by, "header") {
-                                continue;
-                            }
-                            cx.error_tokens(
-                                by,
-                                "this `by` needs the HTTP request: put `#[rate_limit]` on an \
-                                 actix-web handler (above its `#[get(..)]`), or add a parameter \
-                                 `req: actix_web::HttpRequest`",
-                            );
-                        }
-                    }
-                    None
-                }
-            }
-        } else {
-            None
-        };
+        let request = responder.then(|| match call_param(func) {
+            Some(ident) => Request::Param(ident),
+            None => Request::Injected,
+        });
 
         cx.finish()?;
         Ok(Config {
@@ -462,50 +453,21 @@ pub(crate) fn mentions(tokens: TokenStream, idents: &[&str]) -> bool {
     })
 }
 
-/// A parameter of type `HttpRequest` (or `&HttpRequest`) with a plain name.
-fn request_param(func: &ItemFn) -> Option<Ident> {
+/// The traits whose `impl` in the return type makes a fn an HTTP handler.
+const RESPONSE_TRAITS: &[&str] = &["Responder", "IntoResponse"];
+
+/// A parameter of type `HttpCall` with a plain name (the handler's own).
+fn call_param(func: &ItemFn) -> Option<Ident> {
     func.sig.inputs.iter().find_map(|arg| match arg {
         FnArg::Typed(typed) => {
-            let ty = match &*typed.ty {
-                Type::Reference(r) => &*r.elem,
-                other => other,
-            };
-            let is_request = matches!(ty, Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "HttpRequest"));
+            let is_call = matches!(&*typed.ty, Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "HttpCall"));
             match &*typed.pat {
-                Pat::Ident(pat) if is_request => Some(pat.ident.clone()),
+                Pat::Ident(pat) if is_call => Some(pat.ident.clone()),
                 _ => None,
             }
         }
         FnArg::Receiver(_) => None,
     })
-}
-
-/// A route attribute is in sight (`#[rate_limit]` is written above it).
-fn is_routed(func: &ItemFn) -> bool {
-    const ROUTES: [&str; 11] = [
-        "get", "post", "put", "delete", "patch", "head", "options", "trace", "connect", "route",
-        "routes",
-    ];
-    func.attrs.iter().any(|attr| {
-        attr.path()
-            .segments
-            .last()
-            .is_some_and(|s| ROUTES.iter().any(|r| s.ident == r))
-    })
-}
-
-/// An actix-web handler: a route attribute is in sight, or the return type
-/// is actix's, or it takes an `HttpRequest`.
-fn looks_like_handler(func: &ItemFn) -> bool {
-    let routed = is_routed(func) || request_param(func).is_some();
-    let actix_output = match &func.sig.output {
-        ReturnType::Type(_, ty) => mentions(
-            ty.to_token_stream(),
-            &["HttpResponse", "Responder", "actix_web"],
-        ),
-        ReturnType::Default => false,
-    };
-    routed || actix_output
 }
 
 /// What makes two rules' keys the same budget.

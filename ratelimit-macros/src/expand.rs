@@ -49,10 +49,12 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
     let request = config.request.as_ref().map(|request| match request {
         Request::Param(ident) => ident.clone(),
         Request::Injected => {
-            let ident = Ident::new("__ratelimit_req", Span::call_site());
+            // First (after `self`): axum wants a body extractor last.
+            let ident = Ident::new("__ratelimit_call", Span::call_site());
+            let at = usize::from(matches!(func.sig.inputs.first(), Some(FnArg::Receiver(_))));
             func.sig
                 .inputs
-                .push(syn::parse_quote!(#ident: #rt::actix::HttpRequest));
+                .insert(at, syn::parse_quote!(#ident: #rt::http::HttpCall));
             ident
         }
     });
@@ -116,30 +118,38 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
     // The permits live until the body has run: concurrency leases are
     // released when they drop.
     let block = if config.responder {
-        let req = request.as_ref().expect("handlers always have the request");
+        let call = request.as_ref().expect("handlers always have the request");
         let typed = config.original_output.as_ref().map(|ty| quote!(: #ty));
-        // The expansion answers `HttpResponse` itself, with the rate-limit
-        // headers of every rule; the body runs in an async block, so
-        // `return` in it still gives the body's value.
-        // An `impl Responder` return type stays as written (so the user's
-        // import stays used); a concrete one becomes `HttpResponse`.
-        if !matches!(&func.sig.output, ReturnType::Type(_, ty) if matches!(**ty, syn::Type::ImplTrait(_)))
-        {
-            func.sig.output = syn::parse_quote!(-> #rt::actix::HttpResponse);
-        }
+        // The expansion answers `Reply<T>` (`Reply<T, F>` with a fallback
+        // answering `F`): the body's value, or the fallback's, with the
+        // rate-limit fields of every rule, or the refusal. `T` and `F` are
+        // the fn's return type as written (`impl Trait` stays one each);
+        // `Reply` is a response in each framework whose trait they meet.
+        // The body runs in an async block, so `return` in it still gives
+        // the body's value.
+        let written = match &func.sig.output {
+            ReturnType::Type(_, ty) => quote!(#ty),
+            ReturnType::Default => quote!(()),
+        };
+        let output = if config.rules.iter().any(|rule| rule.fallback.is_some()) {
+            quote!(#rt::http::Reply<#written, #written>)
+        } else {
+            quote!(#rt::http::Reply<#written>)
+        };
+        func.sig.output = syn::parse_quote!(-> #output);
         // The request for the response: the handler's own parameter may move
         // into the body, so a clone of it; one the expansion added is the
         // body's to use, so that itself.
-        let reply_req = match config.request {
-            Some(Request::Injected) => quote!(let __ratelimit_reply_req = &#req;),
-            _ => quote!(let __ratelimit_reply_req = &::core::clone::Clone::clone(&#req);),
+        let reply_call = match config.request {
+            Some(Request::Injected) => quote!(let __ratelimit_reply_call = &#call;),
+            _ => quote!(let __ratelimit_reply_call = &::core::clone::Clone::clone(&#call);),
         };
         quote!({
-            #reply_req
-            let mut __ratelimit_seen: [#rt::Option<#rt::actix::Report>; #n] = [#rt::Option::None; #n];
+            #reply_call
+            let mut __ratelimit_seen: [#rt::Option<#rt::http::Report>; #n] = [#rt::Option::None; #n];
             #(#checks)*
             let __ratelimit_out #typed = async move #body.await;
-            #rt::actix::allowed(__ratelimit_out, &__ratelimit_seen, __ratelimit_reply_req)
+            #rt::http::Reply::allowed(__ratelimit_out, &__ratelimit_seen, __ratelimit_reply_call)
         })
     } else {
         quote!({
@@ -179,13 +189,13 @@ fn check_call(
 ) -> TokenStream {
     let key = key_expr(rule, rt);
     match request {
-        Some(req) => {
+        Some(call) => {
             let by = match &rule.subject {
-                Subject::Global => quote!(#rt::actix::By::Global),
-                Subject::Ip => quote!(#rt::actix::By::Ip),
-                Subject::Header(name) => quote!(#rt::actix::By::Header(#name)),
+                Subject::Global => quote!(#rt::http::By::Global),
+                Subject::Ip => quote!(#rt::http::By::Ip),
+                Subject::Header(name) => quote!(#rt::http::By::Header(#name)),
             };
-            quote!(#rt::actix::check(&#site, #key, #by, &#req))
+            quote!(#rt::http::check(&#site, #key, #by, &#call))
         }
         None => quote!(#rt::check(&#site, #key)),
     }
@@ -247,7 +257,7 @@ fn reject(
         }
         None if config.responder => {
             return quote! {
-                return #rt::actix::refused(__ratelimit_limited, &__ratelimit_seen, __ratelimit_reply_req)
+                return #rt::http::Reply::refused(__ratelimit_limited, &__ratelimit_seen, __ratelimit_reply_call)
             };
         }
         None => {
@@ -272,7 +282,7 @@ fn reject(
     };
     if config.responder {
         quote! {
-            return #rt::actix::demoted(#value, &__ratelimit_limited, &__ratelimit_seen, __ratelimit_reply_req)
+            return #rt::http::Reply::demoted(#value, &__ratelimit_limited, &__ratelimit_seen, __ratelimit_reply_call)
         }
     } else {
         quote!(return #value)
@@ -318,6 +328,35 @@ mod tests {
             "no allocation for a static key: {out}"
         );
         assert!(out.contains("static __RATELIMIT_SITE_0"), "{out}");
+    }
+
+    /// The framework is not guessed from names: another framework's route
+    /// attribute (rocket's, poem's `#[get]`) leaves the expansion as it is.
+    #[test]
+    fn an_attribute_named_get_changes_nothing() {
+        for args in [
+            quote!(key = "k", count = 3),
+            quote!(key = "k", count = 3, by = ip),
+        ] {
+            let bare = expand(
+                args.clone(),
+                quote!(
+                    async fn f() -> Result<String, E> {
+                        Ok(String::new())
+                    }
+                ),
+            );
+            let routed = expand(
+                args,
+                quote!(
+                    #[get("/")]
+                    async fn f() -> Result<String, E> {
+                        Ok(String::new())
+                    }
+                ),
+            );
+            assert_eq!(routed.replacen(r#"# [get ("/")] "#, "", 1), bare);
+        }
     }
 
     #[test]

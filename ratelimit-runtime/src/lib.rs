@@ -62,11 +62,15 @@
 //! - `redis` (default): the Redis backend.
 //! - `actix`: actix-web handlers and middleware (429/503 responses with
 //!   `Retry-After` and rate-limit headers, `by = ip`, `by = header(..)`).
+//! - `axum`: the same for axum handlers, and the `tower` layer.
+//! - `tower`: [`RateLimitLayer`], a tower `Layer` for any service of `http`
+//!   requests (axum routers, tonic, hyper).
 //! - `metrics`: counters per rule and outcome through the `metrics` facade.
 //!
 //! # Layout
 //!
-//! A call flows one way: the attribute or an HTTP adapter ([`actix`]) ->
+//! A call flows one way: the attribute or an HTTP adapter ([`actix`],
+//! [`axum`], [`tower`]) ->
 //! the decision [`pipeline`] -> the [`RateLimiter`] -> a [`backend`] ->
 //! the algorithm's state machine (in Rust, or a Lua script in Redis).
 //! Nothing below the pipeline knows a web framework; [`http`] holds what
@@ -83,6 +87,8 @@
 #[cfg(feature = "actix")]
 pub mod actix;
 mod algorithm;
+#[cfg(feature = "axum")]
+pub mod axum;
 pub mod backend;
 mod clock;
 mod decision;
@@ -95,6 +101,8 @@ pub mod overrides;
 pub mod pipeline;
 mod rule;
 mod site;
+#[cfg(feature = "tower")]
+pub mod tower;
 
 pub use backend::Backend;
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -107,6 +115,10 @@ pub use rule::{Algorithm, Rule};
 pub use actix::{RateLimit, RateLimitService};
 #[cfg(feature = "http")]
 pub use http::{ClientHeader, HeaderStyle, HttpOptions, UnknownClient};
+#[cfg(any(feature = "actix", feature = "axum"))]
+pub use http::{HttpCall, Reply};
+#[cfg(feature = "tower")]
+pub use tower::RateLimitLayer;
 
 #[cfg(feature = "macros")]
 #[doc(inline)]
@@ -126,11 +138,10 @@ pub mod __private {
     pub use ::std::format;
     pub use ::std::time::Duration;
 
-    /// actix-web handlers.
-    #[cfg(feature = "actix")]
-    pub mod actix {
-        pub use crate::actix::{By, allowed, check, demoted, refused};
+    /// HTTP handlers (actix-web, axum).
+    #[cfg(any(feature = "actix", feature = "axum"))]
+    pub mod http {
+        pub use crate::http::{By, HttpCall, Reply, check};
         pub use crate::pipeline::Report;
-        pub use ::actix_web::{HttpRequest, HttpResponse};
     }
 }

@@ -235,7 +235,7 @@ impl std::error::Error for MissingLimiter {}
     label = "this return type cannot carry a `RateLimited`",
     note = "choose one: add `fallback = path` to the attribute, \
             return `Result<_, E>` where `E: From<RateLimited>`, \
-            or make the fn an actix-web handler"
+            or make the fn an HTTP handler returning `impl Responder` (actix-web) or `impl IntoResponse` (axum)"
 )]
 pub trait Reject: Sized {
     /// The value the fn returns for this refusal.

@@ -1,5 +1,6 @@
-//! actix-web (feature `actix`): `#[rate_limit]` on handlers, the
-//! [`RateLimit`] middleware, and refusals as responses. A thin layer over
+//! actix-web (feature `actix`): `#[rate_limit]` on handlers ([`HttpCall`]
+//! is an extractor here, [`Reply`] a responder), the [`RateLimit`]
+//! middleware, and refusals as responses. A thin layer over
 //! [`pipeline`] (the decision) and [`http`](crate::http)
 //! (client identity, header fields).
 //!
@@ -11,17 +12,20 @@
 
 mod middleware;
 
+use std::convert::Infallible;
+use std::future::{Ready, ready};
 use std::sync::LazyLock;
 
 use actix_web::body::BoxBody;
+use actix_web::dev::Payload;
 use actix_web::http::StatusCode;
 use actix_web::http::header::{HeaderName, HeaderValue};
-use actix_web::{HttpRequest, HttpResponse, Responder, ResponseError, web};
+use actix_web::{FromRequest, HttpRequest, HttpResponse, Responder, ResponseError, web};
 
 pub use middleware::{RateLimit, RateLimitService};
 
-use crate::http::{Field, HttpOptions, Refusal, header_subject};
-use crate::pipeline::{self, Pass, Report, Site};
+use crate::http::{Field, HttpCall, HttpOptions, Inner, NoFallback, Refusal, Reply, ReplyKind};
+use crate::pipeline;
 use crate::{Cause, RateLimited, RateLimiter};
 
 /// The limiter for this request: the app's (`app_data`) if it has one, else
@@ -35,10 +39,9 @@ pub fn limiter_for(req: &HttpRequest) -> &RateLimiter {
 /// The HTTP options for this request: the app's (`app_data`) if it has
 /// them, else the defaults.
 pub fn options_for(req: &HttpRequest) -> &HttpOptions {
-    static DEFAULT: std::sync::OnceLock<HttpOptions> = std::sync::OnceLock::new();
     req.app_data::<HttpOptions>()
         .or_else(|| req.app_data::<web::Data<HttpOptions>>().map(|d| &***d))
-        .unwrap_or_else(|| DEFAULT.get_or_init(HttpOptions::default))
+        .unwrap_or_else(|| HttpOptions::default_ref())
 }
 
 /// The client's address as `options` tell it, from the TCP peer and the
@@ -48,50 +51,9 @@ pub fn client_ip(options: &HttpOptions, req: &HttpRequest) -> Option<std::net::I
 }
 
 impl crate::http::Headers for actix_web::http::header::HeaderMap {
-    fn values<'a>(&'a self, name: &'static str) -> impl Iterator<Item = &'a [u8]> {
+    fn values<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a [u8]> {
         self.get_all(name).map(|value| value.as_bytes())
     }
-}
-
-/// Whose budget a handler's rule charges.
-#[derive(Clone, Copy, Debug)]
-pub enum By {
-    /// Everyone's.
-    Global,
-    /// The client address's.
-    Ip,
-    /// The value of this request header.
-    Header(&'static str),
-}
-
-/// Checks one call of a handler under `site`: the key is `base` plus the
-/// subject `by` names; the limiter is the site's named one, else the app's
-/// ([`limiter_for`]).
-pub async fn check(
-    site: &Site,
-    base: &str,
-    by: By,
-    req: &HttpRequest,
-) -> Result<Pass, RateLimited> {
-    let limiter = match site.limiter_name() {
-        Some(_) => site.limiter(),
-        None => Some(limiter_for(req)),
-    };
-    let key = match by {
-        By::Global => return pipeline::check_on(site, limiter, base).await,
-        By::Ip => {
-            let options = options_for(req);
-            match options.ip_subject(client_ip(options, req)) {
-                Ok(subject) => [base, &subject].concat(),
-                Err(()) => return Err(site.unknown_client()),
-            }
-        }
-        By::Header(name) => {
-            let value = req.headers().get(name).map(|v| v.as_bytes());
-            [base, &header_subject(name, value)].concat()
-        }
-    };
-    pipeline::check_on(site, limiter, &key).await
 }
 
 /// Turns any responder into a response.
@@ -99,38 +61,40 @@ pub fn respond<R: Responder>(value: R, req: &HttpRequest) -> HttpResponse {
     value.respond_to(req).map_into_boxed_body()
 }
 
-/// A handler's own response with the rate-limit fields of the rules its
-/// call passed.
-pub fn allowed<R: Responder>(value: R, seen: &[Option<Report>], req: &HttpRequest) -> HttpResponse {
-    let mut response = respond(value, req);
-    let fields = crate::http::rate_limit_headers(options_for(req).headers, seen.iter().flatten());
-    append(&mut response, fields);
-    response
+/// The request, for `#[rate_limit]` handlers.
+impl FromRequest for HttpCall {
+    type Error = Infallible;
+    type Future = Ready<Result<HttpCall, Infallible>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        ready(Ok(HttpCall {
+            inner: Inner::Actix(req.clone()),
+        }))
+    }
 }
 
-/// A refusal from `#[rate_limit]` on a handler, with the fields of every
-/// rule the call went through.
-pub fn refused(limited: RateLimited, seen: &[Option<Report>], req: &HttpRequest) -> HttpResponse {
-    let passed: Vec<Report> = seen.iter().flatten().copied().collect();
-    response(crate::http::refusal(&limited, &passed, options_for(req)))
+/// A limited handler's response: its value's with the rate-limit fields,
+/// or the refusal.
+impl<T: Responder, F: Responder> Responder for Reply<T, F> {
+    type Body = BoxBody;
+
+    fn respond_to(self, req: &HttpRequest) -> HttpResponse {
+        let mut response = match self.kind {
+            ReplyKind::Allowed(value) => respond(value, req),
+            ReplyKind::Demoted(value) => respond(value, req),
+            ReplyKind::Refused(refusal) => return response(refusal),
+        };
+        append(&mut response, self.fields);
+        response
+    }
 }
 
-/// A fallback's response to a refusal, with every rule's fields (the
-/// refusing one's included).
-pub fn demoted<R: Responder>(
-    value: R,
-    limited: &RateLimited,
-    seen: &[Option<Report>],
-    req: &HttpRequest,
-) -> HttpResponse {
-    let mut response = respond(value, req);
-    let refusing = Report::from_refusal(limited);
-    let reports = seen.iter().flatten().chain(std::iter::once(&refusing));
-    append(
-        &mut response,
-        crate::http::rate_limit_headers(options_for(req).headers, reports),
-    );
-    response
+impl Responder for NoFallback {
+    type Body = BoxBody;
+
+    fn respond_to(self, _: &HttpRequest) -> HttpResponse {
+        match self {}
+    }
 }
 
 /// A framework-agnostic refusal as an actix-web response.

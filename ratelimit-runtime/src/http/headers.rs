@@ -29,6 +29,7 @@ const CONTENT_TYPE: &str = "content-type";
 
 /// Every field name this module writes, for adapters that keep their own
 /// header names made once.
+#[cfg(feature = "actix")]
 pub(crate) const FIELD_NAMES: [&str; 7] = [
     RATELIMIT_POLICY,
     RATELIMIT,

@@ -5,11 +5,23 @@
 //! `Retry-After`). The framework adapters (`actix`) are thin layers over
 //! this module.
 
+// Alone, without an adapter, the feature builds what the adapters use.
+#![cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
+
+#[cfg(any(feature = "actix", feature = "axum"))]
+mod handler;
 mod headers;
+#[cfg(any(feature = "actix", feature = "tower"))]
+pub(crate) mod limit;
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
+#[cfg(any(feature = "actix", feature = "axum"))]
+pub use handler::{By, HttpCall, NoFallback, Reply, check};
+#[cfg(any(feature = "actix", feature = "axum"))]
+pub(crate) use handler::{Inner, ReplyKind};
+#[cfg(feature = "actix")]
 pub(crate) use headers::FIELD_NAMES;
 pub use headers::{Field, RATELIMIT, RATELIMIT_POLICY, Refusal, rate_limit_headers, refusal};
 
@@ -20,11 +32,11 @@ use crate::Error;
 /// for each framework's own.
 pub trait Headers {
     /// The values of the field `name` (lowercase), in the order received.
-    fn values<'a>(&'a self, name: &'static str) -> impl Iterator<Item = &'a [u8]>;
+    fn values<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a [u8]>;
 }
 
 impl Headers for ::http::HeaderMap {
-    fn values<'a>(&'a self, name: &'static str) -> impl Iterator<Item = &'a [u8]> {
+    fn values<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a [u8]> {
         self.get_all(name).iter().map(|value| value.as_bytes())
     }
 }
@@ -103,6 +115,24 @@ pub enum UnknownClient {
     Reject,
     /// Count it against one budget shared by all such requests.
     Shared,
+}
+
+/// Adds header fields to an `http` header map (axum's and tower's).
+#[cfg(feature = "tower")]
+pub(crate) fn append(headers: &mut ::http::HeaderMap, fields: Vec<Field>) {
+    for (name, value) in fields {
+        if let Ok(value) = ::http::HeaderValue::try_from(value) {
+            headers.append(::http::HeaderName::from_static(name), value);
+        }
+    }
+}
+
+impl HttpOptions {
+    /// The default options, made once.
+    pub(crate) fn default_ref() -> &'static HttpOptions {
+        static DEFAULT: std::sync::OnceLock<HttpOptions> = std::sync::OnceLock::new();
+        DEFAULT.get_or_init(HttpOptions::default)
+    }
 }
 
 impl Default for HttpOptions {

@@ -1,0 +1,169 @@
+//! `#[rate_limit]` on HTTP handlers, for any framework the crate adapts:
+//! [`HttpCall`], an extractor in actix-web and in axum that tells the
+//! expansion who the client is and which limiter and options the app set,
+//! and [`Reply`], the handler's response with the rate-limit fields (or the
+//! refusal), a responder in actix-web and in axum.
+
+use std::net::IpAddr;
+
+use super::{Field, HttpOptions, Refusal, header_subject, rate_limit_headers, refusal};
+use crate::pipeline::{self, Pass, Report, Site};
+use crate::{RateLimited, RateLimiter};
+
+/// What `#[rate_limit]` reads of an HTTP request: the client's address and
+/// header fields, and the limiter and [`HttpOptions`] the app set. An
+/// extractor in actix-web (feature `actix`) and in axum (feature `axum`);
+/// the attribute adds one to a handler that needs it, first among its
+/// parameters.
+///
+/// - actix-web: the limiter and options are app data
+///   (`App::app_data(limiter)` or `web::Data<RateLimiter>`, and the same for
+///   `HttpOptions`); the peer is the connection's.
+/// - axum: they are request extensions (`Router::layer(Extension(limiter))`,
+///   `Extension(options)`); the peer is axum's `ConnectInfo<SocketAddr>`, so
+///   serve the router with
+///   `into_make_service_with_connect_info::<SocketAddr>()`.
+///
+/// Without a limiter of the app's, the global one is used; without options,
+/// the defaults (no trusted proxy, draft headers).
+#[derive(Clone, Debug)]
+pub struct HttpCall {
+    pub(crate) inner: Inner,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum Inner {
+    #[cfg(feature = "actix")]
+    Actix(actix_web::HttpRequest),
+    #[cfg(feature = "axum")]
+    Axum(crate::axum::Parts),
+}
+
+impl HttpCall {
+    /// The limiter for this request: the app's, else the global one.
+    pub fn limiter(&self) -> &RateLimiter {
+        match &self.inner {
+            #[cfg(feature = "actix")]
+            Inner::Actix(req) => crate::actix::limiter_for(req),
+            #[cfg(feature = "axum")]
+            Inner::Axum(parts) => parts.limiter(),
+        }
+    }
+
+    /// The HTTP options for this request: the app's, else the defaults.
+    pub fn options(&self) -> &HttpOptions {
+        match &self.inner {
+            #[cfg(feature = "actix")]
+            Inner::Actix(req) => crate::actix::options_for(req),
+            #[cfg(feature = "axum")]
+            Inner::Axum(parts) => parts.options(),
+        }
+    }
+
+    /// The client's address as the options tell it: the peer's, or behind
+    /// a trusted proxy the one its forwarding header names.
+    pub fn client_ip(&self) -> Option<IpAddr> {
+        match &self.inner {
+            #[cfg(feature = "actix")]
+            Inner::Actix(req) => crate::actix::client_ip(self.options(), req),
+            #[cfg(feature = "axum")]
+            Inner::Axum(parts) => parts.client_ip(),
+        }
+    }
+
+    /// The first value of the request header `name`.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        match &self.inner {
+            #[cfg(feature = "actix")]
+            Inner::Actix(req) => req.headers().get(name).map(|v| v.as_bytes()),
+            #[cfg(feature = "axum")]
+            Inner::Axum(parts) => parts.header(name),
+        }
+    }
+}
+
+/// Whose budget a handler's rule charges.
+#[derive(Clone, Copy, Debug)]
+pub enum By {
+    /// Everyone's.
+    Global,
+    /// The client address's.
+    Ip,
+    /// The value of this request header.
+    Header(&'static str),
+}
+
+/// Checks one call of a handler under `site`: the key is `base` plus the
+/// subject `by` names; the limiter is the site's named one, else the app's.
+pub async fn check(site: &Site, base: &str, by: By, call: &HttpCall) -> Result<Pass, RateLimited> {
+    let limiter = match site.limiter_name() {
+        Some(_) => site.limiter(),
+        None => Some(call.limiter()),
+    };
+    let key = match by {
+        By::Global => return pipeline::check_on(site, limiter, base).await,
+        By::Ip => match call.options().ip_subject(call.client_ip()) {
+            Ok(subject) => [base, &subject].concat(),
+            Err(()) => return Err(site.unknown_client()),
+        },
+        By::Header(name) => [base, &header_subject(name, call.header(name))].concat(),
+    };
+    pipeline::check_on(site, limiter, &key).await
+}
+
+/// A limited handler's response: its own value (or its fallback's) with the
+/// rate-limit fields of the rules the call went through, or the refusal.
+/// A responder in actix-web and in axum when `T` and `F` are.
+#[derive(Debug)]
+pub struct Reply<T, F = NoFallback> {
+    pub(crate) kind: ReplyKind<T, F>,
+    /// The rate-limit fields added to the value's response.
+    pub(crate) fields: Vec<Field>,
+}
+
+#[derive(Debug)]
+pub(crate) enum ReplyKind<T, F> {
+    Allowed(T),
+    Demoted(F),
+    Refused(Refusal),
+}
+
+/// The fallback type of a handler without one: no value.
+#[derive(Debug)]
+pub enum NoFallback {}
+
+impl<T, F> Reply<T, F> {
+    /// The handler's value, with the fields of every rule it passed.
+    pub fn allowed(value: T, seen: &[Option<Report>], call: &HttpCall) -> Self {
+        let fields = rate_limit_headers(call.options().headers, seen.iter().flatten());
+        Reply {
+            kind: ReplyKind::Allowed(value),
+            fields,
+        }
+    }
+
+    /// The refusal of `limited`, with the fields of the rules passed before.
+    pub fn refused(limited: RateLimited, seen: &[Option<Report>], call: &HttpCall) -> Self {
+        let passed: Vec<Report> = seen.iter().flatten().copied().collect();
+        Reply {
+            kind: ReplyKind::Refused(refusal(&limited, &passed, call.options())),
+            fields: Vec::new(),
+        }
+    }
+
+    /// A fallback's value for `limited`, with every rule's fields (the
+    /// refusing one's included).
+    pub fn demoted(
+        value: F,
+        limited: &RateLimited,
+        seen: &[Option<Report>],
+        call: &HttpCall,
+    ) -> Self {
+        let refusing = Report::from_refusal(limited);
+        let reports = seen.iter().flatten().chain(std::iter::once(&refusing));
+        Reply {
+            kind: ReplyKind::Demoted(value),
+            fields: rate_limit_headers(call.options().headers, reports),
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! What the HTTP middlewares share (actix-web's `RateLimit`, the tower
+//! `RateLimitLayer`): the rule, whose budget a request charges, the
+//! allow-lists, and the key a request is checked under.
+
+use std::borrow::Cow;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use super::{Headers, HttpOptions, canonical, header_subject};
+use crate::pipeline::Site;
+use crate::{OnError, RateLimited, Rule};
+
+/// Whose budget a middleware charges; `K` is the framework's key closure.
+pub(crate) enum By<K> {
+    Global,
+    Ip,
+    /// A header's name, lowercase.
+    Header(String),
+    Key(K),
+}
+
+impl<K: Clone> Clone for By<K> {
+    fn clone(&self) -> Self {
+        match self {
+            By::Global => By::Global,
+            By::Ip => By::Ip,
+            By::Header(name) => By::Header(name.clone()),
+            By::Key(key) => By::Key(key.clone()),
+        }
+    }
+}
+
+/// A middleware's configuration.
+#[derive(Clone)]
+pub(crate) struct Limit<K> {
+    pub(crate) rule: Rule,
+    pub(crate) name: &'static str,
+    pub(crate) key: String,
+    pub(crate) by: By<K>,
+    pub(crate) cost: u64,
+    pub(crate) on_error: Option<OnError>,
+    exempt_paths: Vec<String>,
+    exempt_keys: Vec<String>,
+    /// The exempt keys that are addresses (for `by_ip`).
+    exempt_ips: Vec<IpAddr>,
+}
+
+/// What a middleware does with a request.
+pub(crate) enum Verdict<'a> {
+    /// Let it through unlimited (an exempt path or subject, or no key).
+    Pass,
+    /// Check it under this key (a global budget's is the middleware's own:
+    /// no copy of it).
+    Check(Cow<'a, str>),
+    /// Refuse it: its client is unknown.
+    Refuse(RateLimited),
+}
+
+impl<K> Limit<K> {
+    /// One budget for all requests under `rule`, named `http` (key
+    /// `limiter:http`), known to overrides under that name.
+    pub(crate) fn new(rule: Rule) -> Limit<K> {
+        crate::overrides::register("http", rule, 1);
+        Limit {
+            rule,
+            name: "http",
+            key: "limiter:http".to_owned(),
+            by: By::Global,
+            cost: 1,
+            on_error: None,
+            exempt_paths: Vec::new(),
+            exempt_keys: Vec::new(),
+            exempt_ips: Vec::new(),
+        }
+    }
+
+    /// The site its decisions go through.
+    pub(crate) fn site(&self) -> Site {
+        Site::new(self.name, self.rule, self.cost, None, self.on_error, false)
+    }
+
+    /// Whether `path` is an exempt path or below one (whole segments).
+    fn exempt_path(&self, path: &str) -> bool {
+        self.exempt_paths.iter().any(|prefix| {
+            path.strip_prefix(prefix.as_str()).is_some_and(|rest| {
+                rest.is_empty() || rest.starts_with('/') || prefix.ends_with('/')
+            })
+        })
+    }
+
+    fn exempt_key(&self, subject: &[u8]) -> bool {
+        self.exempt_keys.iter().any(|k| k.as_bytes() == subject)
+    }
+
+    /// What to do with a request for `path` from `client` (as the options
+    /// tell it) with `headers`; `key` runs the framework's key closure. Each
+    /// kind of subject is compared with the allow-list as the request has it
+    /// (not as rendered into the key, where long values are digested and
+    /// IPv6 masked).
+    pub(crate) fn verdict(
+        &self,
+        site: &Site,
+        path: &str,
+        options: &HttpOptions,
+        client: impl FnOnce() -> Option<IpAddr>,
+        headers: &impl Headers,
+        key: impl FnOnce(&K) -> Option<String>,
+    ) -> Verdict<'_> {
+        if self.exempt_path(path) {
+            return Verdict::Pass;
+        }
+        let subject = match &self.by {
+            By::Global => return Verdict::Check(Cow::Borrowed(&self.key)),
+            By::Ip => {
+                let ip = client();
+                if ip.is_some_and(|ip| self.exempt_ips.contains(&ip)) {
+                    return Verdict::Pass;
+                }
+                match options.ip_subject(ip) {
+                    Ok(subject) => subject,
+                    Err(()) => return Verdict::Refuse(site.unknown_client()),
+                }
+            }
+            By::Header(name) => {
+                let value = headers.values(name).next();
+                if value.is_some_and(|v| self.exempt_key(v)) {
+                    return Verdict::Pass;
+                }
+                header_subject(name, value)
+            }
+            By::Key(closure) => {
+                let Some(k) = key(closure) else {
+                    return Verdict::Pass;
+                };
+                if self.exempt_key(k.as_bytes()) {
+                    return Verdict::Pass;
+                }
+                let mut subject = String::from(":key:");
+                crate::keys::push_part(&mut subject, &k);
+                subject
+            }
+        };
+        Verdict::Check(Cow::Owned([self.key.as_str(), &subject].concat()))
+    }
+
+    /// Names the rule `name`: the key is `limiter:<name>` plus the subject.
+    pub(crate) fn name(&mut self, name: &'static str) {
+        self.name = name;
+        self.key = format!("limiter:{name}");
+    }
+
+    /// A budget per value of the header `name`.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid header name (a programming error, caught at
+    /// start-up).
+    pub(crate) fn by_header(&mut self, name: &str) {
+        let name = ::http::HeaderName::try_from(name).expect("a valid header name");
+        self.by = By::Header(name.as_str().to_owned());
+    }
+
+    /// Units one request takes.
+    ///
+    /// # Panics
+    ///
+    /// If `cost` is 0 or over what the rule holds.
+    pub(crate) fn check_cost(&self, cost: u64) {
+        let capacity = self.rule.capacity();
+        assert!(
+            (1..=capacity).contains(&cost),
+            "a request's cost must be between 1 and the rule's capacity ({capacity}), not {cost}"
+        );
+    }
+
+    pub(crate) fn exempt_path_prefix(&mut self, prefix: String) {
+        self.exempt_paths.push(prefix);
+    }
+
+    pub(crate) fn exempt_subject(&mut self, subject: String) {
+        if let Ok(ip) = subject.parse::<IpAddr>() {
+            self.exempt_ips.push(canonical(ip));
+        }
+        self.exempt_keys.push(subject);
+    }
+}
+
+/// Makes `limit`'s rule known to overrides under `name` with `cost`. This
+/// value's registration so far is undone when nothing else holds it (a
+/// builder renamed; not a clone's source, which keeps its own).
+pub(crate) fn register_as<K: Clone>(limit: &mut Arc<Limit<K>>, name: &str, cost: u64) {
+    let rule = limit.rule;
+    if Arc::get_mut(limit).is_some() {
+        crate::overrides::unregister(limit.name, rule);
+    }
+    crate::overrides::register(name, rule, cost);
+}
+
+/// The builder methods both middlewares share, on a type with a field
+/// `inner: Arc<Limit<K>>` (the framework's `by_key` is its own).
+macro_rules! limit_builder {
+    ($ty:ident) => {
+        impl $ty {
+            /// One budget for all requests under `rule`, under the key
+            /// `limiter:http` (set another with [`key`](Self::key)).
+            pub fn new(rule: $crate::Rule) -> $ty {
+                $ty::from_limit(::std::sync::Arc::new($crate::http::limit::Limit::new(rule)))
+            }
+
+            fn with(mut self, change: impl FnOnce(&mut $crate::http::limit::Limit<KeyFn>)) -> $ty {
+                change(::std::sync::Arc::make_mut(&mut self.inner));
+                self
+            }
+
+            /// The rule's name: the key is `limiter:<name>` plus the subject,
+            /// the rate-limit headers name the policy so, and overrides
+            /// address the rule by it.
+            pub fn key(mut self, name: &'static str) -> $ty {
+                let cost = self.inner.cost;
+                $crate::http::limit::register_as(&mut self.inner, name, cost);
+                self.with(|m| m.name(name))
+            }
+
+            /// A budget per client address (see
+            /// [`HttpOptions`](crate::HttpOptions) for proxies and IPv6).
+            pub fn by_ip(self) -> $ty {
+                self.with(|m| m.by = $crate::http::limit::By::Ip)
+            }
+
+            /// A budget per value of a request header (requests without it
+            /// share one).
+            ///
+            /// # Panics
+            ///
+            /// If `name` is not a valid header name (a programming error,
+            /// caught at start-up).
+            pub fn by_header(self, name: &str) -> $ty {
+                self.with(|m| m.by_header(name))
+            }
+
+            /// Units one request takes (default 1).
+            ///
+            /// # Panics
+            ///
+            /// If `cost` is 0 or over what the rule holds (its `count`, or
+            /// `burst` for `token_bucket` and `gcra`): no request could pass
+            /// (a programming error, caught at start-up).
+            pub fn cost(mut self, cost: u64) -> $ty {
+                self.inner.check_cost(cost);
+                let name = self.inner.name;
+                $crate::http::limit::register_as(&mut self.inner, name, cost);
+                self.with(|m| m.cost = cost)
+            }
+
+            /// What to do when the backend fails (default: the limiter's
+            /// setting).
+            pub fn on_error(self, on_error: $crate::OnError) -> $ty {
+                self.with(|m| m.on_error = Some(on_error))
+            }
+
+            /// Requests for the path `prefix` or below it are not limited,
+            /// by whole segments: `"/health"` exempts `/health` and
+            /// `/health/db`, not `/healthz` or `/health-admin`. A prefix
+            /// ending in `/` exempts what starts with it.
+            pub fn exempt_path(self, prefix: impl Into<String>) -> $ty {
+                let prefix = prefix.into();
+                self.with(|m| m.exempt_path_prefix(prefix))
+            }
+
+            /// Requests whose subject is `subject` are not limited: an
+            /// allow-list. The subject is the client's address for
+            /// [`by_ip`](Self::by_ip) (`"10.0.0.1"`, `"2001:db8::1"`: the
+            /// address, not the IPv6 prefix its budget is kept under), the
+            /// header's value for [`by_header`](Self::by_header), the
+            /// closure's key for [`by_key`](Self::by_key), each as the
+            /// request has it, however long.
+            pub fn exempt_key(self, subject: impl Into<String>) -> $ty {
+                let subject = subject.into();
+                self.with(|m| m.exempt_subject(subject))
+            }
+        }
+
+        impl ::std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    .field("rule", &self.inner.rule)
+                    .field("key", &self.inner.key)
+                    .finish_non_exhaustive()
+            }
+        }
+    };
+}
+pub(crate) use limit_builder;

@@ -1,0 +1,265 @@
+//! A tower [`Layer`] (feature `tower`): rate limiting for an axum router
+//! (`Router::layer`, `route_layer`), a tonic server, or any
+//! `tower::Service` of `http` requests, with the same rules, limiter lookup
+//! and pipeline as `#[rate_limit]` and the actix-web middleware.
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use http_body::Body;
+use http_body_util::{Either, Full};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::RateLimiter;
+use crate::http::limit::{By, Limit, Verdict, limit_builder};
+use crate::http::{HttpOptions, Refusal, append, rate_limit_headers, refusal};
+use crate::pipeline::{self, Site};
+
+/// A closure that names a request's budget.
+type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+
+/// Rate limiting for every request a tower service handles.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, routing::get};
+/// use ratelimit_runtime::{RateLimitLayer, Rule};
+///
+/// const API: Rule = Rule::gcra(100, Duration::from_secs(60));
+/// let app: Router = Router::new()
+///     .route("/api", get(|| async { "ok" }))
+///     .route("/health", get(|| async { "ok" }))
+///     .layer(RateLimitLayer::new(API).key("api").by_ip().exempt_path("/health"));
+/// ```
+///
+/// - **Limiter**: the one given to [`limiter`](RateLimitLayer::limiter),
+///   else a `RateLimiter` request extension (`Extension(limiter)` in axum),
+///   else the global one.
+/// - **Options**: likewise, [`options`](RateLimitLayer::options), else an
+///   `HttpOptions` extension, else the defaults.
+/// - **Client address** (for [`by_ip`](RateLimitLayer::by_ip)): axum's
+///   `ConnectInfo<SocketAddr>` (with the `axum` feature; serve with
+///   `into_make_service_with_connect_info::<SocketAddr>()`), or a
+///   `SocketAddr` extension, or what [`peer`](RateLimitLayer::peer) reads
+///   (tonic's `TcpConnectInfo`, for example). Behind trusted proxies, the
+///   forwarding header the options name.
+///
+/// Allowed responses carry the rate-limit fields; a refused request gets
+/// `429` with `Retry-After` (a gRPC request, `grpc-status` 8,
+/// `RESOURCE_EXHAUSTED`). A concurrency rule's lease is held until the inner
+/// service has produced its response. Decisions go through the same
+/// [`pipeline`](crate::pipeline) as the attribute's: overrides, shadow mode,
+/// the failure policy and metrics apply alike.
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    inner: Arc<Limit<KeyFn>>,
+    limiter: Option<RateLimiter>,
+    options: Option<Arc<HttpOptions>>,
+    peer: Option<PeerFn>,
+}
+
+/// A closure that reads a request's peer address.
+type PeerFn = Arc<dyn Fn(&Parts) -> Option<IpAddr> + Send + Sync>;
+
+limit_builder!(RateLimitLayer);
+
+impl RateLimitLayer {
+    fn from_limit(inner: Arc<Limit<KeyFn>>) -> Self {
+        RateLimitLayer {
+            inner,
+            limiter: None,
+            options: None,
+            peer: None,
+        }
+    }
+
+    /// A budget per key your closure computes from the request's head;
+    /// `None` lets the request through unlimited.
+    pub fn by_key(self, key: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.with(|m| m.by = By::Key(Arc::new(key)))
+    }
+
+    /// The limiter to use (instead of a request extension or the global one).
+    pub fn limiter(mut self, limiter: RateLimiter) -> Self {
+        self.limiter = Some(limiter);
+        self
+    }
+
+    /// The HTTP options to use (instead of a request extension or the
+    /// defaults).
+    pub fn options(mut self, options: HttpOptions) -> Self {
+        self.options = Some(Arc::new(options));
+        self
+    }
+
+    /// Reads the peer's address with `peer` (for servers that keep it in an
+    /// extension of their own).
+    pub fn peer(mut self, peer: impl Fn(&Parts) -> Option<IpAddr> + Send + Sync + 'static) -> Self {
+        self.peer = Some(Arc::new(peer));
+        self
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimitService<S>;
+
+    fn layer(&self, inner: S) -> RateLimitService<S> {
+        RateLimitService {
+            inner,
+            site: Arc::new(self.inner.site()),
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service [`RateLimitLayer`] wraps around another.
+#[derive(Clone)]
+pub struct RateLimitService<S> {
+    inner: S,
+    site: Arc<Site>,
+    layer: RateLimitLayer,
+}
+
+impl<S> std::fmt::Debug for RateLimitService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitService")
+            .field("layer", &self.layer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The body of a limited service's responses: the inner service's, or a
+/// refusal's.
+pub type LimitedBody<B> = Either<B, Full<bytes::Bytes>>;
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    ReqBody: Send + 'static,
+    ResBody: Body<Data = bytes::Bytes>,
+{
+    type Response = Response<LimitedBody<ResBody>>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The service that was made ready answers this request; a clone
+        // takes its place.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let (site, layer) = (Arc::clone(&self.site), self.layer.clone());
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let limiter = layer
+                .limiter
+                .clone()
+                .or_else(|| parts.extensions.get::<RateLimiter>().cloned());
+            let options = layer
+                .options
+                .clone()
+                .or_else(|| parts.extensions.get::<HttpOptions>().cloned().map(Arc::new));
+            let options: &HttpOptions = match &options {
+                Some(options) => options,
+                None => HttpOptions::default_ref(),
+            };
+            let grpc = is_grpc(&parts.headers);
+            let verdict = layer.inner.verdict(
+                &site,
+                parts.uri.path(),
+                options,
+                || {
+                    let peer = match &layer.peer {
+                        Some(peer) => peer(&parts),
+                        None => peer_of(&parts),
+                    };
+                    options.client_ip(peer, &parts.headers)
+                },
+                &parts.headers,
+                |key| key(&parts),
+            );
+            let key = match verdict {
+                Verdict::Pass => None,
+                Verdict::Check(key) => Some(key.into_owned()),
+                Verdict::Refuse(limited) => {
+                    return Ok(refused(refusal(&limited, &[], options), grpc));
+                }
+            };
+            let req = Request::from_parts(parts, body);
+            let Some(key) = key else {
+                return Ok(inner.call(req).await?.map(Either::Left));
+            };
+            let limiter = limiter.as_ref().unwrap_or_else(|| RateLimiter::global());
+            let held = match pipeline::check_on(&site, Some(limiter), &key).await {
+                Ok(held) => held,
+                Err(limited) => return Ok(refused(refusal(&limited, &[], options), grpc)),
+            };
+            let fields = rate_limit_headers(options.headers, [held.report()]);
+            let mut response = inner.call(req).await?;
+            // A concurrency lease is held until the response is produced.
+            drop(held);
+            append(response.headers_mut(), fields);
+            Ok(response.map(Either::Left))
+        })
+    }
+}
+
+/// The peer's address: axum's `ConnectInfo`, or a `SocketAddr` extension.
+fn peer_of(parts: &Parts) -> Option<IpAddr> {
+    #[cfg(feature = "axum")]
+    {
+        crate::axum::peer(&parts.extensions)
+    }
+    #[cfg(not(feature = "axum"))]
+    {
+        parts
+            .extensions
+            .get::<std::net::SocketAddr>()
+            .map(|addr| addr.ip())
+    }
+}
+
+/// Whether the request is gRPC (`application/grpc`, `application/grpc+proto`, ...).
+fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// A refusal as a response: HTTP's status and fields, or for gRPC a
+/// trailers-only `RESOURCE_EXHAUSTED` (a gRPC client reads no HTTP status).
+fn refused<B>(refusal: Refusal, grpc: bool) -> Response<LimitedBody<B>> {
+    if grpc {
+        let mut response = Response::new(Either::Right(Full::default()));
+        let headers = response.headers_mut();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        headers.insert("grpc-status", HeaderValue::from_static("8"));
+        if let Ok(message) = HeaderValue::try_from(refusal.body.trim_end()) {
+            headers.insert("grpc-message", message);
+        }
+        let fields = refusal
+            .headers
+            .into_iter()
+            .filter(|(name, _)| *name != "content-type")
+            .collect();
+        append(headers, fields);
+        return response;
+    }
+    let mut response = Response::new(Either::Right(Full::from(refusal.body)));
+    *response.status_mut() = refusal.status;
+    append(response.headers_mut(), refusal.headers);
+    response
+}
