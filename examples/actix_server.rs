@@ -33,13 +33,13 @@
 //!   they were registered, and a later one pays for the failed matches of
 //!   those before it).
 
+mod support;
+
 use std::time::Duration;
 
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{App, HttpResponse, HttpServer, Responder, get, web};
-use ratelimit_runtime::{
-    ClientHeader, HeaderStyle, HttpOptions, RateLimit, RateLimited, RateLimiter, Rule, rate_limit,
-};
+use ratelimit_runtime::{RateLimit, RateLimited, Rule, rate_limit};
 
 /// `limitTest`: 2 requests per second, for everyone.
 #[rate_limit(key = "limitTest", period = 1, count = 2)]
@@ -149,68 +149,13 @@ async fn try_again_later(limited: RateLimited) -> impl Responder {
     HttpResponse::TooManyRequests()
         .insert_header(("retry-after", limited.retry_after_secs().to_string()))
         .content_type("text/html; charset=utf-8")
-        .body(format!(
-            "<html><body><h1>Too many requests</h1><p>Please try again in {} seconds.</p></body></html>\n",
-            limited.retry_after_secs()
-        ))
-}
-
-/// Re-reads the overrides file whenever it changes (checked every second).
-fn watch_overrides(path: std::path::PathBuf) {
-    std::thread::spawn(move || {
-        let mut seen = None;
-        loop {
-            let stamp = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
-            if stamp != seen {
-                seen = stamp;
-                match ratelimit_runtime::overrides::reload_toml(&path) {
-                    Ok(n) => println!("overrides from {}: {n} rule(s)", path.display()),
-                    Err(error) => eprintln!("overrides not changed: {error}"),
-                }
-            }
-            std::thread::sleep(std::time::Duration::from_secs(1));
-        }
-    });
+        .body(support::try_again_page(&limited))
 }
 
 #[actix_web::main]
 async fn main() -> std::io::Result<()> {
-    ratelimit_runtime::overrides::load_env().map_err(std::io::Error::other)?;
-    if let Ok(path) = std::env::var("RATELIMIT_OVERRIDES_FILE") {
-        ratelimit_runtime::overrides::reload_toml(&path).map_err(std::io::Error::other)?;
-        watch_overrides(path.into());
-    }
-    let mut http = HttpOptions::new();
-    if let Ok(proxies) = std::env::var("TRUSTED_PROXIES") {
-        http = http
-            .trust_proxies(proxies.split(',').map(str::trim).filter(|p| !p.is_empty()))
-            .map_err(std::io::Error::other)?;
-    }
-    if let Ok(header) = std::env::var("CLIENT_HEADER") {
-        http = http.client_header(match header.to_ascii_lowercase().as_str() {
-            "forwarded" => ClientHeader::Forwarded,
-            "x-forwarded-for" => ClientHeader::XForwardedFor,
-            "x-real-ip" => ClientHeader::XRealIp,
-            other => {
-                return Err(std::io::Error::other(format!(
-                    "CLIENT_HEADER={other:?}: expected forwarded, x-forwarded-for or x-real-ip"
-                )));
-            }
-        });
-    }
-    if let Ok(style) = std::env::var("RATELIMIT_HEADERS") {
-        http = http.headers(match style.as_str() {
-            "draft" => HeaderStyle::Draft,
-            "legacy" => HeaderStyle::Legacy,
-            "both" => HeaderStyle::Both,
-            "none" => HeaderStyle::None,
-            other => {
-                return Err(std::io::Error::other(format!(
-                    "RATELIMIT_HEADERS={other:?}: expected draft, legacy, both or none"
-                )));
-            }
-        });
-    }
+    support::load_overrides()?;
+    let http = support::http_options()?;
     let bench_only = std::env::var("BENCH_ONLY").ok();
     if let Some(only) = bench_only.as_deref()
         && !BENCH_ENDPOINTS.contains(&only)
@@ -219,23 +164,10 @@ async fn main() -> std::io::Result<()> {
             "BENCH_ONLY={only:?}: expected one of {BENCH_ENDPOINTS:?}"
         )));
     }
-    let mut builder = RateLimiter::builder();
-    let backend = match std::env::var("REDIS_URL") {
-        Ok(url) => {
-            builder = builder.redis(url.as_str());
-            format!("Redis at {url}")
-        }
-        Err(_) => "process memory (set REDIS_URL to share budgets through Redis)".to_owned(),
-    };
-    let limiter = builder.build().await.map_err(std::io::Error::other)?;
+    let (limiter, backend) = support::limiter().await?;
     let middleware = bench_middleware();
-    let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:8080".into());
-    println!("rate limits kept in {backend}");
-    println!(
-        "listening on http://{bind}: /limitTest (2/s), /limitTest2 (3/10 s), \
-         /limitTest3 (3/10 s per IP), /limitTest4 (3/10 s per IP, fallback page), \
-         /api (5/10 s per x-api-key), /user/{{name}} (3/10 s per name)"
-    );
+    let bind = support::bind();
+    println!("{}", support::banner(&bind, &backend));
     HttpServer::new(move || {
         App::new()
             .app_data(limiter.clone())

@@ -3,11 +3,13 @@
 //! rate-limit fields, X-RateLimit-*, JSON), the limiter from app data (two
 //! servers sharing one redis-server), and the `RateLimit` middleware.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use actix_web::{App, HttpResponse, HttpServer, Responder, get, web};
+use common::{params, sf_list};
 use ratelimit_runtime::{
     ClientHeader, HeaderStyle, HttpOptions, OnError, RateLimit, RateLimiter, Rule, UnknownClient,
     rate_limit,
@@ -60,42 +62,6 @@ async fn get_from(
     http(from, addr, "GET", path, headers)
         .await
         .expect("an HTTP reply")
-}
-
-/// A structured-field list (RFC 8941) parsed: each item's string value and
-/// its integer parameters.
-fn sf_list(value: &str) -> Vec<(String, BTreeMap<String, i64>)> {
-    let list: sfv::List = sfv::Parser::new(value)
-        .parse()
-        .expect("a structured field list");
-    list.into_iter()
-        .map(|entry| match entry {
-            sfv::ListEntry::Item(item) => {
-                let name = item
-                    .bare_item
-                    .as_string()
-                    .expect("a string")
-                    .as_str()
-                    .to_owned();
-                let params = item
-                    .params
-                    .iter()
-                    .map(|(k, v)| {
-                        (
-                            k.as_str().to_owned(),
-                            v.as_integer().expect("an integer").into(),
-                        )
-                    })
-                    .collect();
-                (name, params)
-            }
-            sfv::ListEntry::InnerList(_) => panic!("no inner lists expected"),
-        })
-        .collect()
-}
-
-fn params(pairs: &[(&str, i64)]) -> BTreeMap<String, i64> {
-    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
 }
 
 #[actix_web::test]

@@ -98,8 +98,21 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         } else {
             quote!(__ratelimit_permit)
         };
+        // A header a rule is keyed by: a handler's request keeps its value.
+        let header = match &rule.subject {
+            Subject::Header(name) => {
+                let registered = format_ident!("__RATELIMIT_HEADER_REGISTERED_{}", i);
+                quote! {
+                    #[#rt::linkme::distributed_slice(#rt::HEADER_SUBJECTS)]
+                    #[linkme(crate = #rt::linkme)]
+                    static #registered: &str = #name;
+                }
+            }
+            _ => TokenStream::new(),
+        };
         quote! {
             #cost_check
+            #header
             static #site: #rt::Site =
                 #rt::Site::new(#name, #rule_expr, #cost, #limiter, #on_error, #shadow);
             // Registered by the linker, for overrides by name.

@@ -24,19 +24,35 @@ pub(crate) enum Subject {
     Header(String),
 }
 
-/// The fn's parameters that are plain names.
+/// The names the fn's parameters bind: plain names, and those inside
+/// patterns (axum's `Path(name): Path<String>`).
 pub(crate) fn param_names(func: &ItemFn) -> Vec<&Ident> {
-    func.sig
-        .inputs
-        .iter()
-        .filter_map(|arg| match arg {
-            FnArg::Typed(typed) => match &*typed.pat {
-                Pat::Ident(pat) => Some(&pat.ident),
-                _ => None,
-            },
-            FnArg::Receiver(_) => None,
-        })
-        .collect()
+    let mut names = Vec::new();
+    for arg in &func.sig.inputs {
+        if let FnArg::Typed(typed) = arg {
+            bound_names(&typed.pat, &mut names);
+        }
+    }
+    names
+}
+
+fn bound_names<'a>(pat: &'a Pat, names: &mut Vec<&'a Ident>) {
+    match pat {
+        Pat::Ident(pat) => {
+            names.push(&pat.ident);
+            if let Some((_, sub)) = &pat.subpat {
+                bound_names(sub, names);
+            }
+        }
+        Pat::TupleStruct(pat) => pat.elems.iter().for_each(|p| bound_names(p, names)),
+        Pat::Tuple(pat) => pat.elems.iter().for_each(|p| bound_names(p, names)),
+        Pat::Struct(pat) => pat.fields.iter().for_each(|f| bound_names(&f.pat, names)),
+        Pat::Reference(pat) => bound_names(&pat.pat, names),
+        Pat::Paren(pat) => bound_names(&pat.pat, names),
+        Pat::Slice(pat) => pat.elems.iter().for_each(|p| bound_names(p, names)),
+        Pat::Type(pat) => bound_names(&pat.pat, names),
+        _ => {}
+    }
 }
 
 pub(crate) fn has_receiver(func: &ItemFn) -> bool {

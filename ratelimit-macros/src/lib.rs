@@ -35,7 +35,7 @@ use proc_macro::TokenStream;
 ///   lasts if its call never ends.
 /// - `by = global | ip | header("name") | arg(param)`: whose budget. `global`
 ///   (the default) is one for all callers; `ip` is per client address and
-///   `header("x-api-key")` per header value (actix-web handlers; requests
+///   `header("x-api-key")` per header value (HTTP handlers, below; requests
 ///   without the header share one budget); `arg(user)` per value of a
 ///   parameter. The subject is added to the key (`limiter:search:ip:1.2.3.4`).
 /// - `algorithm = fixed_window | sliding_window | sliding_log | token_bucket | gcra | concurrency`:
@@ -49,7 +49,7 @@ use proc_macro::TokenStream;
 ///   the fn's return type.
 /// - `on_error = allow | deny | local`: when the backend fails or times out,
 ///   let the call through, refuse it (`RateLimited::is_backend_failure()`;
-///   503 from an actix handler), or check it in process memory. Default:
+///   503 from an HTTP handler), or check it in process memory. Default:
 ///   the limiter's `on_backend_error` (`local`).
 /// - `limiter = "name"`: use the limiter installed with
 ///   `RateLimiter::install_as("name")` instead of the global one. If none is
@@ -68,16 +68,17 @@ use proc_macro::TokenStream;
 /// - What a rejected call returns: the `fallback`'s value if there is one;
 ///   otherwise, for `Result<T, E>` with `E: From<RateLimited>` (`RateLimited`,
 ///   `Box<dyn Error + Send + Sync>`, `anyhow::Error`, `actix_web::Error`, ...),
-///   `Err(RateLimited.into())`; for an actix handler returning `HttpResponse`
-///   or `impl Responder`, a `429 Too Many Requests` with `Retry-After`. Any
-///   other return type is a compile error listing these choices.
-/// - actix-web: write `#[rate_limit]` **above** the route attribute
-///   (`#[get(..)]`, `#[post(..)]`, `#[route(..)]`): the macro then knows the
-///   fn is a handler and adds an `HttpRequest` parameter when `by = ip` or
-///   `by = header(..)` needs one. Below the route attribute also works when
-///   the handler returns `impl Responder` or `HttpResponse`, or takes an
-///   `HttpRequest` itself (it is reused). A fn returning `impl Responder` is
-///   taken for a handler.
+///   `Err(RateLimited.into())`; for an HTTP handler, a `429 Too Many
+///   Requests` with `Retry-After`; for `HttpResponse` (actix-web) or
+///   `Response` (axum), the same. Any other return type is a compile error
+///   listing these choices.
+/// - HTTP handlers (features `actix`, `axum`): a fn whose rule charges a
+///   client's budget (`by = ip`, `by = header(..)`), or that returns
+///   `impl Responder` (actix-web) or `impl IntoResponse` (axum). The macro
+///   adds an `HttpCall` extractor as its first parameter (or uses the fn's
+///   own) and makes it return `Reply<T>`: the value, or the fallback's,
+///   with the rate-limit headers of every rule, or the refusal. Its other
+///   attributes (a route attribute, whatever its name) change nothing.
 /// - Stacked attributes are all checked, in the order written, before the
 ///   body. A call refused by a later rule has already used the units of the
 ///   earlier ones (they are not given back), like a gateway with several

@@ -1,7 +1,7 @@
 //! axum (feature `axum`): `#[rate_limit]` on handlers ([`HttpCall`] is an
 //! extractor here, [`Reply`] a response), refusals as responses, and the
 //! [`RateLimitLayer`](crate::tower::RateLimitLayer) (feature `tower`, on
-//! with `axum`) for routers. A thin layer over [`pipeline`](crate::pipeline)
+//! with `axum`) for routers. A thin layer over [`pipeline`]
 //! and [`http`](crate::http).
 //!
 //! Per router, through request extensions:
@@ -33,77 +33,21 @@
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::response::{IntoResponse, Response};
-use http::{HeaderMap, HeaderValue};
+use http::HeaderValue;
 
-use crate::http::{HttpCall, HttpOptions, Inner, NoFallback, Refusal, Reply, ReplyKind, append};
+use crate::http::{HttpCall, HttpOptions, NoFallback, Refusal, Reply, ReplyKind, append};
 use crate::{RateLimited, RateLimiter, pipeline};
 
-/// What a handler's [`HttpCall`] keeps of an axum request.
-#[derive(Clone, Debug)]
-pub(crate) struct Parts {
-    peer: Option<IpAddr>,
-    headers: HeaderMap,
-    limiter: Option<RateLimiter>,
-    options: Option<HttpOptions>,
-}
-
-impl Parts {
-    pub(crate) fn new(parts: &http::request::Parts) -> Parts {
-        Parts {
-            peer: peer(&parts.extensions),
-            headers: parts.headers.clone(),
-            limiter: parts.extensions.get::<RateLimiter>().cloned(),
-            options: parts.extensions.get::<HttpOptions>().cloned(),
-        }
-    }
-
-    pub(crate) fn limiter(&self) -> &RateLimiter {
-        self.limiter
-            .as_ref()
-            .unwrap_or_else(|| RateLimiter::global())
-    }
-
-    pub(crate) fn options(&self) -> &HttpOptions {
-        self.options
-            .as_ref()
-            .unwrap_or_else(|| HttpOptions::default_ref())
-    }
-
-    pub(crate) fn client_ip(&self) -> Option<IpAddr> {
-        self.options().client_ip(self.peer, &self.headers)
-    }
-
-    pub(crate) fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers.get(name).map(HeaderValue::as_bytes)
-    }
-}
-
 /// The peer's address from axum's `ConnectInfo<SocketAddr>`, or a
-/// `SocketAddr` extension another server put there. Missing, it is said
-/// once, with how to add it: the client is then unknown (refused, or one
-/// shared budget, as [`HttpOptions::unknown_client`] says), never silently
-/// everyone's.
+/// `SocketAddr` extension another server put there.
 pub(crate) fn peer(extensions: &http::Extensions) -> Option<IpAddr> {
     if let Some(ConnectInfo(addr)) = extensions.get::<ConnectInfo<SocketAddr>>() {
         return Some(addr.ip());
     }
-    if let Some(addr) = extensions.get::<SocketAddr>() {
-        return Some(addr.ip());
-    }
-    static SAID: AtomicBool = AtomicBool::new(false);
-    if !SAID.swap(true, Ordering::Relaxed) {
-        tracing::error!(
-            "rate limiting by client address needs the peer's address, and this request \
-             carries none: serve the router with \
-             `into_make_service_with_connect_info::<SocketAddr>()`; until then clients are \
-             unknown (refused with 400 unless HttpOptions::unknown_client says otherwise)"
-        );
-    }
-    None
+    extensions.get::<SocketAddr>().map(|addr| addr.ip())
 }
 
 /// The request, for `#[rate_limit]` handlers.
@@ -114,9 +58,14 @@ impl<S: Send + Sync> FromRequestParts<S> for HttpCall {
         parts: &mut http::request::Parts,
         _: &S,
     ) -> Result<HttpCall, Infallible> {
-        Ok(HttpCall {
-            inner: Inner::Axum(Parts::new(parts)),
-        })
+        let headers = &parts.headers;
+        Ok(HttpCall::new(
+            parts.extensions.get::<RateLimiter>().cloned(),
+            parts.extensions.get::<HttpOptions>().cloned(),
+            peer(&parts.extensions),
+            headers,
+            |name| headers.get(name).map(HeaderValue::as_bytes),
+        ))
     }
 }
 

@@ -130,7 +130,7 @@ pub use ratelimit_macros::rate_limit;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::keys::SafePart;
-    pub use crate::pipeline::{Reject, SITES, Site, check, reject};
+    pub use crate::pipeline::{HEADER_SUBJECTS, Reject, SITES, Site, check, reject};
     pub use crate::{Algorithm, OnError, Rule};
     pub use ::core::option::Option;
     pub use ::core::result::Result;

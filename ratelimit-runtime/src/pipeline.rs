@@ -32,7 +32,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-pub use crate::site::{SITES, Site};
+pub use crate::site::{HEADER_SUBJECTS, SITES, Site};
 
 use crate::site::Outcome;
 use crate::{Decision, Error, OnError, Permit, RateLimited, RateLimiter, Rule};

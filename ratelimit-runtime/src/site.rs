@@ -10,6 +10,11 @@ use crate::{OnError, RateLimited, RateLimiter, Rule};
 #[linkme::distributed_slice]
 pub static SITES: [&'static Site];
 
+/// The header names of every `by = header(..)` rule of the program
+/// (gathered by the linker): what a handler's request keeps of its headers.
+#[linkme::distributed_slice]
+pub static HEADER_SUBJECTS: [&'static str];
+
 /// One rule where it is applied: a `#[rate_limit]` call site (a `static`
 /// per site) or a middleware's rule. It keeps what every check of the rule
 /// shares: its name, rule and options, the named limiter once looked up,

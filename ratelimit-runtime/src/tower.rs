@@ -54,7 +54,7 @@ type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 /// `429` with `Retry-After` (a gRPC request, `grpc-status` 8,
 /// `RESOURCE_EXHAUSTED`). A concurrency rule's lease is held until the inner
 /// service has produced its response. Decisions go through the same
-/// [`pipeline`](crate::pipeline) as the attribute's: overrides, shadow mode,
+/// [`pipeline`] as the attribute's: overrides, shadow mode,
 /// the failure policy and metrics apply alike.
 #[derive(Clone)]
 pub struct RateLimitLayer {
@@ -183,6 +183,9 @@ where
                         Some(peer) => peer(&parts),
                         None => peer_of(&parts),
                     };
+                    if peer.is_none() {
+                        crate::http::no_peer();
+                    }
                     options.client_ip(peer, &parts.headers)
                 },
                 &parts.headers,

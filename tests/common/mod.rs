@@ -322,3 +322,40 @@ pub fn rounds_until_it_outlives_its_runtime(builder: RateLimiterBuilder, prefix:
         panic!("no round of checks passed whole after the runtime it was built on ended");
     })
 }
+
+/// A structured-field list (RFC 8941) parsed: each item's string value and
+/// its integer parameters.
+pub fn sf_list(value: &str) -> Vec<(String, std::collections::BTreeMap<String, i64>)> {
+    let list: sfv::List = sfv::Parser::new(value)
+        .parse()
+        .expect("a structured field list");
+    list.into_iter()
+        .map(|entry| match entry {
+            sfv::ListEntry::Item(item) => {
+                let name = item
+                    .bare_item
+                    .as_string()
+                    .expect("a string")
+                    .as_str()
+                    .to_owned();
+                let params = item
+                    .params
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            k.as_str().to_owned(),
+                            v.as_integer().expect("an integer").into(),
+                        )
+                    })
+                    .collect();
+                (name, params)
+            }
+            sfv::ListEntry::InnerList(_) => panic!("no inner lists expected"),
+        })
+        .collect()
+}
+
+/// Integer parameters, to compare with [`sf_list`]'s.
+pub fn params(pairs: &[(&str, i64)]) -> std::collections::BTreeMap<String, i64> {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}

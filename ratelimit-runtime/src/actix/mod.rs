@@ -24,7 +24,7 @@ use actix_web::{FromRequest, HttpRequest, HttpResponse, Responder, ResponseError
 
 pub use middleware::{RateLimit, RateLimitService};
 
-use crate::http::{Field, HttpCall, HttpOptions, Inner, NoFallback, Refusal, Reply, ReplyKind};
+use crate::http::{Field, HttpCall, HttpOptions, NoFallback, Refusal, Reply, ReplyKind};
 use crate::pipeline;
 use crate::{Cause, RateLimited, RateLimiter};
 
@@ -67,9 +67,22 @@ impl FromRequest for HttpCall {
     type Future = Ready<Result<HttpCall, Infallible>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        ready(Ok(HttpCall {
-            inner: Inner::Actix(req.clone()),
-        }))
+        let limiter = req
+            .app_data::<RateLimiter>()
+            .or_else(|| req.app_data::<web::Data<RateLimiter>>().map(|d| &***d))
+            .cloned();
+        let options = req
+            .app_data::<HttpOptions>()
+            .or_else(|| req.app_data::<web::Data<HttpOptions>>().map(|d| &***d))
+            .cloned();
+        let headers = req.headers();
+        ready(Ok(HttpCall::new(
+            limiter,
+            options,
+            req.peer_addr().map(|a| a.ip()),
+            headers,
+            |name| headers.get(name).map(|v| v.as_bytes()),
+        )))
     }
 }
 

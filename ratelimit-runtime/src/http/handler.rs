@@ -10,11 +10,12 @@ use super::{Field, HttpOptions, Refusal, header_subject, rate_limit_headers, ref
 use crate::pipeline::{self, Pass, Report, Site};
 use crate::{RateLimited, RateLimiter};
 
-/// What `#[rate_limit]` reads of an HTTP request: the client's address and
-/// header fields, and the limiter and [`HttpOptions`] the app set. An
-/// extractor in actix-web (feature `actix`) and in axum (feature `axum`);
-/// the attribute adds one to a handler that needs it, first among its
-/// parameters.
+/// What `#[rate_limit]` reads of an HTTP request: the limiter and
+/// [`HttpOptions`] the app set, the client's address, and the values of the
+/// headers `by = header(..)` rules name. An extractor in actix-web (feature
+/// `actix`) and in axum (feature `axum`); the attribute adds one to a
+/// handler that needs it, first among its parameters. It keeps its own
+/// copies (`Send`, whatever the framework), taken when it is extracted.
 ///
 /// - actix-web: the limiter and options are app data
 ///   (`App::app_data(limiter)` or `web::Data<RateLimiter>`, and the same for
@@ -28,57 +29,75 @@ use crate::{RateLimited, RateLimiter};
 /// the defaults (no trusted proxy, draft headers).
 #[derive(Clone, Debug)]
 pub struct HttpCall {
-    pub(crate) inner: Inner,
-}
-
-#[derive(Clone, Debug)]
-pub(crate) enum Inner {
-    #[cfg(feature = "actix")]
-    Actix(actix_web::HttpRequest),
-    #[cfg(feature = "axum")]
-    Axum(crate::axum::Parts),
+    limiter: Option<RateLimiter>,
+    options: Option<HttpOptions>,
+    client: Option<IpAddr>,
+    /// Whether the request carried no peer address.
+    no_peer: bool,
+    /// The values of the headers rules are keyed by.
+    headers: Vec<(&'static str, Box<[u8]>)>,
 }
 
 impl HttpCall {
+    /// What a handler needs of a request: `limiter` and `options` the app's,
+    /// `peer` the TCP peer's address, `header` a field's first value.
+    pub(crate) fn new<'h>(
+        limiter: Option<RateLimiter>,
+        options: Option<HttpOptions>,
+        peer: Option<IpAddr>,
+        all: &impl super::Headers,
+        header: impl Fn(&str) -> Option<&'h [u8]>,
+    ) -> HttpCall {
+        let client = options
+            .as_ref()
+            .unwrap_or_else(|| HttpOptions::default_ref())
+            .client_ip(peer, all);
+        let mut headers: Vec<(&'static str, Box<[u8]>)> = Vec::new();
+        for &name in crate::site::HEADER_SUBJECTS {
+            if !headers
+                .iter()
+                .any(|(known, _)| known.eq_ignore_ascii_case(name))
+                && let Some(value) = header(name)
+            {
+                headers.push((name, value.into()));
+            }
+        }
+        HttpCall {
+            limiter,
+            options,
+            client,
+            no_peer: peer.is_none(),
+            headers,
+        }
+    }
+
     /// The limiter for this request: the app's, else the global one.
     pub fn limiter(&self) -> &RateLimiter {
-        match &self.inner {
-            #[cfg(feature = "actix")]
-            Inner::Actix(req) => crate::actix::limiter_for(req),
-            #[cfg(feature = "axum")]
-            Inner::Axum(parts) => parts.limiter(),
-        }
+        self.limiter
+            .as_ref()
+            .unwrap_or_else(|| RateLimiter::global())
     }
 
     /// The HTTP options for this request: the app's, else the defaults.
     pub fn options(&self) -> &HttpOptions {
-        match &self.inner {
-            #[cfg(feature = "actix")]
-            Inner::Actix(req) => crate::actix::options_for(req),
-            #[cfg(feature = "axum")]
-            Inner::Axum(parts) => parts.options(),
-        }
+        self.options
+            .as_ref()
+            .unwrap_or_else(|| HttpOptions::default_ref())
     }
 
     /// The client's address as the options tell it: the peer's, or behind
     /// a trusted proxy the one its forwarding header names.
     pub fn client_ip(&self) -> Option<IpAddr> {
-        match &self.inner {
-            #[cfg(feature = "actix")]
-            Inner::Actix(req) => crate::actix::client_ip(self.options(), req),
-            #[cfg(feature = "axum")]
-            Inner::Axum(parts) => parts.client_ip(),
-        }
+        self.client
     }
 
-    /// The first value of the request header `name`.
+    /// The first value of the request header `name`, if a `by = header(..)`
+    /// rule of the program names it.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
-        match &self.inner {
-            #[cfg(feature = "actix")]
-            Inner::Actix(req) => req.headers().get(name).map(|v| v.as_bytes()),
-            #[cfg(feature = "axum")]
-            Inner::Axum(parts) => parts.header(name),
-        }
+        self.headers
+            .iter()
+            .find(|(known, _)| known.eq_ignore_ascii_case(name))
+            .map(|(_, value)| &**value)
     }
 }
 
@@ -102,7 +121,12 @@ pub async fn check(site: &Site, base: &str, by: By, call: &HttpCall) -> Result<P
     };
     let key = match by {
         By::Global => return pipeline::check_on(site, limiter, base).await,
-        By::Ip => match call.options().ip_subject(call.client_ip()) {
+        By::Ip => match call.options().ip_subject(call.client_ip().or_else(|| {
+            if call.no_peer {
+                super::no_peer();
+            }
+            None
+        })) {
             Ok(subject) => [base, &subject].concat(),
             Err(()) => return Err(site.unknown_client()),
         },

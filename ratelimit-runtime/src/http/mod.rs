@@ -18,9 +18,9 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 
 #[cfg(any(feature = "actix", feature = "axum"))]
-pub use handler::{By, HttpCall, NoFallback, Reply, check};
+pub(crate) use handler::ReplyKind;
 #[cfg(any(feature = "actix", feature = "axum"))]
-pub(crate) use handler::{Inner, ReplyKind};
+pub use handler::{By, HttpCall, NoFallback, Reply, check};
 #[cfg(feature = "actix")]
 pub(crate) use headers::FIELD_NAMES;
 pub use headers::{Field, RATELIMIT, RATELIMIT_POLICY, Refusal, rate_limit_headers, refusal};
@@ -58,7 +58,8 @@ impl Headers for ::http::HeaderMap {
 /// ```
 #[derive(Clone, Debug)]
 pub struct HttpOptions {
-    trusted: Vec<Cidr>,
+    /// Shared: options are cloned into every handler's request.
+    trusted: std::sync::Arc<[Cidr]>,
     ipv6_prefix: u8,
     client_header: ClientHeader,
     unknown_client: UnknownClient,
@@ -127,6 +128,21 @@ pub(crate) fn append(headers: &mut ::http::HeaderMap, fields: Vec<Field>) {
     }
 }
 
+/// Says once, when a per-client rule met a request without its peer's
+/// address, how to give it one: never silently one shared budget.
+pub(crate) fn no_peer() {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::error!(
+            "a per-client rate limit met a request without its peer's address; with axum, \
+             serve the router with `into_make_service_with_connect_info::<SocketAddr>()` \
+             (other tower servers: `RateLimitLayer::peer`); until then such clients are \
+             unknown: refused with 400, or one shared budget if HttpOptions::unknown_client \
+             says so"
+        );
+    }
+}
+
 impl HttpOptions {
     /// The default options, made once.
     pub(crate) fn default_ref() -> &'static HttpOptions {
@@ -138,7 +154,7 @@ impl HttpOptions {
 impl Default for HttpOptions {
     fn default() -> Self {
         HttpOptions {
-            trusted: Vec::new(),
+            trusted: std::sync::Arc::new([]),
             ipv6_prefix: 64,
             client_header: ClientHeader::Any,
             unknown_client: UnknownClient::Reject,
@@ -165,10 +181,11 @@ impl HttpOptions {
         mut self,
         proxies: impl IntoIterator<Item = &'a str>,
     ) -> Result<HttpOptions, Error> {
+        let mut trusted = self.trusted.to_vec();
         for proxy in proxies {
-            self.trusted
-                .push(Cidr::parse(proxy).map_err(Error::Config)?);
+            trusted.push(Cidr::parse(proxy).map_err(Error::Config)?);
         }
+        self.trusted = trusted.into();
         Ok(self)
     }
 

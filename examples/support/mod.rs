@@ -1,0 +1,106 @@
+//! What the example servers share: their configuration from the
+//! environment (see each example's docs for the variables).
+
+use std::io;
+
+use ratelimit_runtime::{ClientHeader, HeaderStyle, HttpOptions, RateLimited, RateLimiter};
+
+/// Loads `RATELIMIT_OVERRIDES`, and `RATELIMIT_OVERRIDES_FILE` (watched).
+pub(crate) fn load_overrides() -> io::Result<()> {
+    ratelimit_runtime::overrides::load_env().map_err(io::Error::other)?;
+    if let Ok(path) = std::env::var("RATELIMIT_OVERRIDES_FILE") {
+        ratelimit_runtime::overrides::reload_toml(&path).map_err(io::Error::other)?;
+        watch_overrides(path.into());
+    }
+    Ok(())
+}
+
+/// Re-reads the overrides file whenever it changes (checked every second).
+fn watch_overrides(path: std::path::PathBuf) {
+    std::thread::spawn(move || {
+        let mut seen = None;
+        loop {
+            let stamp = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+            if stamp != seen {
+                seen = stamp;
+                match ratelimit_runtime::overrides::reload_toml(&path) {
+                    Ok(n) => println!("overrides from {}: {n} rule(s)", path.display()),
+                    Err(error) => eprintln!("overrides not changed: {error}"),
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+    });
+}
+
+/// `TRUSTED_PROXIES`, `CLIENT_HEADER` and `RATELIMIT_HEADERS`.
+pub(crate) fn http_options() -> io::Result<HttpOptions> {
+    let mut http = HttpOptions::new();
+    if let Ok(proxies) = std::env::var("TRUSTED_PROXIES") {
+        http = http
+            .trust_proxies(proxies.split(',').map(str::trim).filter(|p| !p.is_empty()))
+            .map_err(io::Error::other)?;
+    }
+    if let Ok(header) = std::env::var("CLIENT_HEADER") {
+        http = http.client_header(match header.to_ascii_lowercase().as_str() {
+            "forwarded" => ClientHeader::Forwarded,
+            "x-forwarded-for" => ClientHeader::XForwardedFor,
+            "x-real-ip" => ClientHeader::XRealIp,
+            other => {
+                return Err(io::Error::other(format!(
+                    "CLIENT_HEADER={other:?}: expected forwarded, x-forwarded-for or x-real-ip"
+                )));
+            }
+        });
+    }
+    if let Ok(style) = std::env::var("RATELIMIT_HEADERS") {
+        http = http.headers(match style.as_str() {
+            "draft" => HeaderStyle::Draft,
+            "legacy" => HeaderStyle::Legacy,
+            "both" => HeaderStyle::Both,
+            "none" => HeaderStyle::None,
+            other => {
+                return Err(io::Error::other(format!(
+                    "RATELIMIT_HEADERS={other:?}: expected draft, legacy, both or none"
+                )));
+            }
+        });
+    }
+    Ok(http)
+}
+
+/// The limiter: on Redis at `REDIS_URL`, else in process memory; and where
+/// that is, to print.
+pub(crate) async fn limiter() -> io::Result<(RateLimiter, String)> {
+    let mut builder = RateLimiter::builder();
+    let backend = match std::env::var("REDIS_URL") {
+        Ok(url) => {
+            builder = builder.redis(url.as_str());
+            format!("Redis at {url}")
+        }
+        Err(_) => "process memory (set REDIS_URL to share budgets through Redis)".to_owned(),
+    };
+    Ok((builder.build().await.map_err(io::Error::other)?, backend))
+}
+
+/// `BIND`, default `127.0.0.1:8080`.
+pub(crate) fn bind() -> String {
+    std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:8080".into())
+}
+
+/// What the servers print once listening.
+pub(crate) fn banner(bind: &str, backend: &str) -> String {
+    format!(
+        "rate limits kept in {backend}\nlistening on http://{bind}: /limitTest (2/s), \
+         /limitTest2 (3/10 s), /limitTest3 (3/10 s per IP), /limitTest4 (3/10 s per IP, \
+         fallback page), /api (5/10 s per x-api-key), /user/{{name}} (3/10 s per name)"
+    )
+}
+
+/// The fallback page of `/limitTest4`.
+pub(crate) fn try_again_page(limited: &RateLimited) -> String {
+    format!(
+        "<html><body><h1>Too many requests</h1><p>Please try again in {} seconds.</p></body></html>\n",
+        limited.retry_after_secs()
+    )
+}

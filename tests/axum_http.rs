@@ -1,0 +1,447 @@
+//! axum and the tower layer end to end, over real TCP, in the scenarios of
+//! the actix-web tests: two servers on one redis-server share a budget,
+//! client addresses and spoofed or trusted forwarding headers, the draft's
+//! structured fields, fallbacks, every `by`, and the `RateLimitLayer` under
+//! `Router::layer`, `route_layer` and over a plain tower service.
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::extract::Path;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use common::{params, sf_list};
+use ratelimit_runtime::{
+    HttpOptions, RateLimitLayer, RateLimited, RateLimiter, Rule, UnknownClient, rate_limit,
+};
+use ratelimit_test_support::{HttpReply, RedisServer, http};
+
+const ONE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+const TWO: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+
+#[rate_limit(key = "axum_limitTest3", period = 10, count = 3, by = ip)]
+async fn limit_test3() -> impl IntoResponse {
+    "3"
+}
+
+#[rate_limit(key = "axum_limitTest", period = 10, count = 2)]
+async fn limit_test() -> impl IntoResponse {
+    "1"
+}
+
+async fn slow_down(_body: String, limited: RateLimited) -> impl IntoResponse {
+    (
+        StatusCode::IM_A_TEAPOT,
+        format!("wait {}", limited.retry_after_secs()),
+    )
+}
+
+/// A fallback, stacked rules and a body extractor after the one the
+/// attribute adds.
+#[rate_limit(key = "axum_demote", period = 10, count = 1, by = ip, fallback = slow_down)]
+#[rate_limit(key = "axum_posted", period = 10, count = 5)]
+async fn demote(body: String) -> impl IntoResponse {
+    format!("got {body}")
+}
+
+/// Per header value, and per path value through axum's `Path` pattern.
+#[rate_limit(key = "axum_api", period = 10, count = 2, by = header("x-api-key"))]
+async fn api() -> impl IntoResponse {
+    "api"
+}
+
+#[rate_limit(key = "axum_user:{name}", period = 10, count = 1)]
+async fn user(Path(name): Path<String>) -> Result<String, RateLimited> {
+    Ok(format!("user {name}"))
+}
+
+fn router() -> Router {
+    Router::new()
+        .route("/limitTest3", get(limit_test3))
+        .route("/limitTest", get(limit_test))
+        .route("/demote", post(demote))
+        .route("/api", get(api))
+        .route("/user/{name}", get(user))
+}
+
+/// Serves `app` on a loopback port, with the peer address (`ConnectInfo`).
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("a loopback port");
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
+}
+
+/// [`router`] with `limiter` and `options` as extensions.
+async fn serve_with(limiter: RateLimiter, options: HttpOptions) -> SocketAddr {
+    serve(router().layer(Extension(limiter)).layer(Extension(options))).await
+}
+
+async fn get_from(
+    from: IpAddr,
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> HttpReply {
+    http(from, addr, "GET", path, headers)
+        .await
+        .expect("an HTTP reply")
+}
+
+#[tokio::test]
+async fn two_servers_on_one_redis_share_a_budget_per_client_address() {
+    let redis = RedisServer::start();
+    let limiter = || async {
+        RateLimiter::builder()
+            .redis(redis.url())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .unwrap()
+    };
+    let a = serve_with(limiter().await, HttpOptions::new()).await;
+    let b = serve_with(limiter().await, HttpOptions::new()).await;
+    let mut passed = 0;
+    for server in [a, b, a, b, a, b] {
+        match get_from(ONE, server, "/limitTest3", &[]).await.status {
+            200 => passed += 1,
+            429 => {}
+            other => panic!("status {other}"),
+        }
+    }
+    assert_eq!(passed, 3, "3 passes in total across both servers");
+    // Another client address has its own budget, on either server.
+    assert_eq!(get_from(TWO, b, "/limitTest3", &[]).await.status, 200);
+    assert_eq!(
+        redis
+            .keys_with_pttl("limiter:axum_limitTest3:ip:127.0.0.1")
+            .len(),
+        1,
+        "{:?}",
+        redis.keys_with_pttl("*")
+    );
+    redis.assert_all_keys_expire("limiter:*");
+}
+
+#[tokio::test]
+async fn every_limited_response_carries_the_draft_fields() {
+    let addr = serve_with(RateLimiter::in_memory(), HttpOptions::new()).await;
+    let first = get_from(ONE, addr, "/limitTest3", &[]).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body, "3");
+    assert_eq!(
+        sf_list(first.header("ratelimit-policy").unwrap()),
+        [("axum_limitTest3".to_owned(), params(&[("q", 3), ("w", 10)]))]
+    );
+    assert_eq!(
+        sf_list(first.header("ratelimit").unwrap()),
+        [("axum_limitTest3".to_owned(), params(&[("r", 2), ("t", 10)]))]
+    );
+    assert!(first.header("retry-after").is_none());
+    for _ in 0..2 {
+        get_from(ONE, addr, "/limitTest3", &[]).await;
+    }
+    let refused = get_from(ONE, addr, "/limitTest3", &[]).await;
+    assert_eq!(refused.status, 429);
+    let retry: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=10).contains(&retry));
+    let state = sf_list(refused.header("ratelimit").unwrap());
+    assert_eq!(state[0].1["r"], 0);
+    assert!(refused.body.starts_with("Too Many Requests"), "{refused:?}");
+    // A global rule's responses carry them too.
+    let global = get_from(ONE, addr, "/limitTest", &[]).await;
+    assert_eq!(
+        sf_list(global.header("ratelimit").unwrap()),
+        [("axum_limitTest".to_owned(), params(&[("r", 1), ("t", 10)]))]
+    );
+}
+
+#[tokio::test]
+async fn a_spoofed_forwarding_header_gets_no_new_budget() {
+    let addr = serve_with(RateLimiter::in_memory(), HttpOptions::new()).await;
+    for n in 0..5 {
+        let spoof = format!("198.51.100.{n}");
+        let headers = [
+            ("x-forwarded-for", spoof.as_str()),
+            ("x-real-ip", spoof.as_str()),
+            ("forwarded", "for=203.0.113.9"),
+        ];
+        let reply = get_from(ONE, addr, "/limitTest3", &headers).await;
+        assert_eq!(reply.status, if n < 3 { 200 } else { 429 }, "request {n}");
+    }
+}
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_the_forwarded_client_counts() {
+    let options = HttpOptions::new().trust_proxies(["127.0.0.1"]).unwrap();
+    let addr = serve_with(RateLimiter::in_memory(), options).await;
+    let via_proxy = |client: &'static str| async move {
+        get_from(ONE, addr, "/limitTest3", &[("x-forwarded-for", client)])
+            .await
+            .status
+    };
+    for _ in 0..3 {
+        assert_eq!(via_proxy("198.51.100.7").await, 200);
+    }
+    assert_eq!(via_proxy("198.51.100.7").await, 429);
+    assert_eq!(via_proxy("198.51.100.8").await, 200, "another client");
+    assert_eq!(via_proxy("9.9.9.9, 198.51.100.7").await, 429, "a fake hop");
+    // A peer that is not a trusted proxy cannot use the header at all.
+    for n in 0..4 {
+        let spoof = format!("198.51.100.{}", 20 + n);
+        let status = get_from(TWO, addr, "/limitTest3", &[("x-forwarded-for", &spoof)])
+            .await
+            .status;
+        assert_eq!(status, if n < 3 { 200 } else { 429 });
+    }
+}
+
+/// IPv6 clients are grouped by /64: the same budget for two addresses of
+/// one prefix (the address is unit-tested; here, through a trusted proxy).
+#[tokio::test]
+async fn ipv6_clients_share_their_prefix() {
+    let options = HttpOptions::new().trust_proxies(["127.0.0.1"]).unwrap();
+    let addr = serve_with(RateLimiter::in_memory(), options).await;
+    let statuses: Vec<u16> = statuses_of(
+        addr,
+        &[
+            "2001:db8::1",
+            "2001:db8::2",
+            "2001:db8::ffff",
+            "2001:db8::3",
+        ],
+    )
+    .await;
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    let other = get_from(
+        ONE,
+        addr,
+        "/limitTest3",
+        &[("x-forwarded-for", "2001:db8:0:1::1")],
+    )
+    .await;
+    assert_eq!(other.status, 200, "another /64");
+}
+
+async fn statuses_of(addr: SocketAddr, clients: &[&str]) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for client in clients {
+        let reply = get_from(ONE, addr, "/limitTest3", &[("x-forwarded-for", client)]).await;
+        statuses.push(reply.status);
+    }
+    statuses
+}
+
+/// Without axum's `ConnectInfo` the client is unknown: refused (400), never
+/// one budget shared by everyone, unless the options say to share one.
+#[tokio::test]
+async fn without_connect_info_clients_are_unknown_not_one_budget() {
+    for (options, expected) in [
+        (HttpOptions::new(), [400, 400, 400, 400]),
+        (
+            HttpOptions::new().unknown_client(UnknownClient::Shared),
+            [200, 200, 200, 429],
+        ),
+    ] {
+        let app = router()
+            .layer(Extension(RateLimiter::in_memory()))
+            .layer(Extension(options));
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Served without `into_make_service_with_connect_info`.
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let mut statuses = Vec::new();
+        for from in [ONE, TWO, ONE, TWO] {
+            statuses.push(get_from(from, addr, "/limitTest3", &[]).await.status);
+        }
+        assert_eq!(statuses, expected);
+    }
+}
+
+#[tokio::test]
+async fn fallbacks_headers_and_paths_limit_as_on_actix() {
+    let addr = serve_with(RateLimiter::in_memory(), HttpOptions::new()).await;
+    // The body extractor after the one the attribute adds.
+    let posted = http(ONE, addr, "POST", "/demote", &[("content-length", "0")])
+        .await
+        .unwrap();
+    assert_eq!((posted.status, posted.body.as_str()), (200, "got "));
+    assert_eq!(
+        sf_list(posted.header("ratelimit").unwrap()).len(),
+        2,
+        "both rules' fields"
+    );
+    let demoted = http(ONE, addr, "POST", "/demote", &[("content-length", "0")])
+        .await
+        .unwrap();
+    assert_eq!(demoted.status, 418, "the fallback's own response");
+    assert!(demoted.body.starts_with("wait "), "{demoted:?}");
+    assert!(demoted.header("ratelimit").is_some());
+
+    for key in ["a", "b"] {
+        for expected in [200, 200, 429] {
+            let reply = get_from(ONE, addr, "/api", &[("x-api-key", key)]).await;
+            assert_eq!(reply.status, expected, "key {key}");
+        }
+    }
+    assert_eq!(get_from(ONE, addr, "/user/ann", &[]).await.status, 200);
+    assert_eq!(get_from(ONE, addr, "/user/ann", &[]).await.status, 429);
+    assert_eq!(get_from(ONE, addr, "/user/bob", &[]).await.status, 200);
+}
+
+const LAYERED: Rule = Rule::fixed_window(2, Duration::from_secs(10));
+
+#[tokio::test]
+async fn the_layer_limits_a_router_by_ip_header_or_closure_with_allow_lists() {
+    let ok = || get(|| async { "ok" });
+    let by_ip = Router::new()
+        .route("/a", ok())
+        .route("/health", ok())
+        .layer(
+            RateLimitLayer::new(LAYERED)
+                .key("axum_layer_ip")
+                .by_ip()
+                .exempt_path("/health")
+                .exempt_key("127.0.0.2"),
+        );
+    let by_header = Router::new().route("/h", ok()).route_layer(
+        RateLimitLayer::new(LAYERED)
+            .key("axum_layer_header")
+            .by_header("x-api-key")
+            .exempt_key("admin"),
+    );
+    let by_key = Router::new().route("/k", ok()).layer(
+        RateLimitLayer::new(LAYERED)
+            .key("axum_layer_key")
+            .by_key(|parts| parts.uri.query().map(str::to_owned)),
+    );
+    let addr = serve(
+        Router::new()
+            .merge(by_ip)
+            .merge(by_header)
+            .merge(by_key)
+            .layer(Extension(RateLimiter::in_memory())),
+    )
+    .await;
+    let statuses = |from, path: &'static str, headers: &'static [(&'static str, &'static str)]| async move {
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            out.push(get_from(from, addr, path, headers).await.status);
+        }
+        out
+    };
+    assert_eq!(statuses(ONE, "/a", &[]).await, [200, 200, 429]);
+    assert_eq!(statuses(ONE, "/health", &[]).await, [200; 3], "exempt path");
+    assert_eq!(statuses(TWO, "/a", &[]).await, [200; 3], "exempt client");
+    assert_eq!(
+        statuses(ONE, "/h", &[("x-api-key", "k")]).await,
+        [200, 200, 429]
+    );
+    assert_eq!(
+        statuses(ONE, "/h", &[("x-api-key", "admin")]).await,
+        [200; 3]
+    );
+    assert_eq!(statuses(ONE, "/k?x", &[]).await, [200, 200, 429]);
+    assert_eq!(statuses(ONE, "/k?y", &[]).await, [200, 200, 429]);
+    assert_eq!(
+        statuses(ONE, "/k", &[]).await,
+        [200; 3],
+        "no key: unlimited"
+    );
+
+    let first = get_from(TWO, addr, "/h", &[("x-api-key", "fresh")]).await;
+    assert_eq!(
+        sf_list(first.header("ratelimit").unwrap()),
+        [(
+            "axum_layer_header".to_owned(),
+            params(&[("r", 1), ("t", 10)])
+        )]
+    );
+    assert_eq!(
+        get_from(TWO, addr, "/h", &[("x-api-key", "fresh")])
+            .await
+            .status,
+        200
+    );
+    let refused = get_from(TWO, addr, "/h", &[("x-api-key", "fresh")]).await;
+    assert_eq!(refused.status, 429);
+    assert!(refused.header("retry-after").is_some());
+}
+
+/// A concurrency rule's lease is held while the inner service runs and
+/// given back once it has answered: over a plain tower service.
+#[tokio::test]
+async fn the_layer_holds_a_lease_until_the_response_and_wraps_any_service() {
+    use tower::{Layer, Service, ServiceExt};
+
+    let limiter = RateLimiter::in_memory();
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let (running, most) = (running.clone(), most.clone());
+        tower::service_fn(move |_: http::Request<String>| {
+            let (running, most) = (running.clone(), most.clone());
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(
+                    bytes::Bytes::from_static(b"done"),
+                )))
+            }
+        })
+    };
+    let service = RateLimitLayer::new(Rule::concurrency(2, Duration::from_secs(60)))
+        .key("axum_layer_leases")
+        .limiter(limiter)
+        .layer(inner);
+    let calls: Vec<_> = (0..6)
+        .map(|_| {
+            let service = service.clone();
+            tokio::spawn(async move {
+                let response = service
+                    .oneshot(http::Request::new(String::new()))
+                    .await
+                    .unwrap();
+                response.status()
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for call in calls {
+        statuses.push(call.await.unwrap().as_u16());
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429]);
+    assert_eq!(most.load(Ordering::SeqCst), 2);
+    // Both leases came back with their responses.
+    let mut again = service.clone();
+    let status = again
+        .ready()
+        .await
+        .unwrap()
+        .call(http::Request::new(String::new()))
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 200);
+}
