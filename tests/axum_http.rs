@@ -445,3 +445,44 @@ async fn the_layer_holds_a_lease_until_the_response_and_wraps_any_service() {
         .status();
     assert_eq!(status, 200);
 }
+
+const SLOTS: Rule = Rule::concurrency(1, Duration::from_secs(60));
+
+/// One call at a time: the lease is held while the body runs.
+#[rate_limit(rule = SLOTS, key = "axum_slots")]
+async fn one_at_a_time() -> impl IntoResponse {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    "done"
+}
+
+/// Shadow: counted, never refused; per value of an argument.
+#[rate_limit(key = "axum_shadow", count = 1, period = 10, shadow, by = arg(id))]
+async fn shadowed(Path(id): Path<u32>) -> impl IntoResponse {
+    format!("{id}")
+}
+
+#[tokio::test]
+async fn concurrency_and_shadow_rules_on_axum_handlers() {
+    let app = Router::new()
+        .route("/slot", get(one_at_a_time))
+        .route("/shadow/{id}", get(shadowed))
+        .layer(Extension(RateLimiter::in_memory()));
+    let addr = serve(app).await;
+    let first = tokio::spawn(async move { get_from(ONE, addr, "/slot", &[]).await.status });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        get_from(TWO, addr, "/slot", &[]).await.status,
+        429,
+        "one in flight"
+    );
+    assert_eq!(first.await.unwrap(), 200);
+    assert_eq!(
+        get_from(TWO, addr, "/slot", &[]).await.status,
+        200,
+        "given back"
+    );
+    for _ in 0..3 {
+        let reply = get_from(ONE, addr, "/shadow/7", &[]).await;
+        assert_eq!(reply.status, 200, "shadow never refuses");
+    }
+}
