@@ -6,6 +6,8 @@
 //! Listens on `BIND` (default `127.0.0.1:8081`); in memory, or in Redis when
 //! `REDIS_URL` is set.
 
+mod support;
+
 use actix_web::{App, HttpResponse, HttpServer, Responder, get, web};
 use ratelimit_runtime::{RateLimited, RateLimiter, rate_limit};
 
@@ -42,7 +44,8 @@ async fn slow_down(item: web::Path<String>, limited: RateLimited) -> impl Respon
 }
 
 #[actix_web::main]
-async fn main() -> std::io::Result<()> {
+async fn main() -> Result<(), support::Failure> {
+    support::init_logs();
     if let Ok(url) = std::env::var("REDIS_URL") {
         RateLimiter::builder()
             .redis(url)
@@ -59,5 +62,6 @@ async fn main() -> std::io::Result<()> {
     HttpServer::new(|| App::new().service(per_ip).service(global).service(api))
         .bind(bind)?
         .run()
-        .await
+        .await?;
+    Ok(())
 }

@@ -153,7 +153,8 @@ async fn try_again_later(limited: RateLimited) -> impl Responder {
 }
 
 #[actix_web::main]
-async fn main() -> std::io::Result<()> {
+async fn main() -> Result<(), support::Failure> {
+    support::init_logs();
     support::load_overrides()?;
     let http = support::http_options()?;
     let bench_only = std::env::var("BENCH_ONLY").ok();
@@ -162,7 +163,8 @@ async fn main() -> std::io::Result<()> {
     {
         return Err(std::io::Error::other(format!(
             "BENCH_ONLY={only:?}: expected one of {BENCH_ENDPOINTS:?}"
-        )));
+        ))
+        .into());
     }
     let (limiter, backend) = support::limiter().await?;
     let middleware = bench_middleware();
@@ -185,5 +187,6 @@ async fn main() -> std::io::Result<()> {
     })
     .bind(bind)?
     .run()
-    .await
+    .await?;
+    Ok(())
 }

@@ -100,7 +100,8 @@ fn endpoints() -> Router {
 const LAYER: Rule = Rule::fixed_window(10, Duration::from_secs(10));
 
 #[tokio::main]
-async fn main() -> std::io::Result<()> {
+async fn main() -> Result<(), support::Failure> {
+    support::init_logs();
     support::load_overrides()?;
     let http = support::http_options()?;
     let (limiter, backend) = support::limiter().await?;
@@ -123,5 +124,6 @@ async fn main() -> std::io::Result<()> {
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .await
+    .await?;
+    Ok(())
 }

@@ -13,6 +13,8 @@
 //! Outcomes: `allowed`, `limited`, `shadow_limited`, `backend_error`,
 //! `local_fallback`.
 
+mod support;
+
 use actix_web::{App, HttpServer, Responder, get, web};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use ratelimit_runtime::rate_limit;
@@ -34,7 +36,8 @@ async fn metrics(handle: web::Data<PrometheusHandle>) -> String {
 }
 
 #[actix_web::main]
-async fn main() -> std::io::Result<()> {
+async fn main() -> Result<(), support::Failure> {
+    support::init_logs();
     let handle = PrometheusBuilder::new()
         .install_recorder()
         .map_err(std::io::Error::other)?;
@@ -51,5 +54,6 @@ async fn main() -> std::io::Result<()> {
     })
     .bind(bind)?
     .run()
-    .await
+    .await?;
+    Ok(())
 }

@@ -3,6 +3,8 @@
 //!
 //! `cargo run --example plain_fn` (in memory; set `REDIS_URL` for Redis).
 
+mod support;
+
 use std::time::Duration;
 
 use ratelimit_runtime::{RateLimited, RateLimiter, Rule, rate_limit};
@@ -52,7 +54,8 @@ impl Tenant {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), support::Failure> {
+    support::init_logs();
     if let Ok(url) = std::env::var("REDIS_URL") {
         RateLimiter::builder().redis(url).build().await?.install()?;
     }

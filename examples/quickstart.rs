@@ -3,6 +3,8 @@
 //! In process memory, no Redis needed. Set `REDIS_URL` (for example
 //! `redis://127.0.0.1:6379/`) to keep the budgets in Redis instead.
 
+mod support;
+
 use std::time::Duration;
 
 use ratelimit_runtime::{RateLimited, RateLimiter, rate_limit};
@@ -27,7 +29,8 @@ async fn too_many_logins(user: &str, attempt: u32, limited: RateLimited) -> Stri
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), support::Failure> {
+    support::init_logs();
     if let Ok(url) = std::env::var("REDIS_URL") {
         RateLimiter::builder().redis(url).build().await?.install()?;
     }

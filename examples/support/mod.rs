@@ -1,5 +1,32 @@
-//! What the example servers share: their configuration from the
-//! environment (see each example's docs for the variables).
+//! What the examples share: their configuration from the environment (see
+//! each example's docs for the variables), their log, and how they report
+//! a failure.
+#![allow(dead_code)] // each example uses some of it
+
+/// Prints the limiter's log lines (Redis gone or back, shadow refusals) on
+/// stderr, at `info` and above.
+pub(crate) fn init_logs() {
+    tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// An example's failure, shown as its message (not as a debug dump) when
+/// `main` returns it.
+pub(crate) struct Failure(Box<dyn std::error::Error>);
+
+impl<E: std::error::Error + 'static> From<E> for Failure {
+    fn from(error: E) -> Self {
+        Failure(Box::new(error))
+    }
+}
+
+impl std::fmt::Debug for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
 
 use std::io;
 

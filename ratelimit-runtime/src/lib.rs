@@ -65,6 +65,9 @@
 //! - `axum`: the same for axum handlers, and the `tower` layer.
 //! - `tower`: [`RateLimitLayer`], a tower `Layer` for any service of `http`
 //!   requests (axum routers, tonic, hyper).
+//! - `tls`: `rediss://` URLs (rustls).
+//! - `sentinel`: Redis Sentinel.
+//! - `toml`: overrides from a TOML file.
 //! - `metrics`: counters per rule and outcome through the `metrics` facade.
 //!
 //! # Layout

@@ -304,14 +304,17 @@ pub fn load_env() -> Result<usize, Error> {
     }
 }
 
-/// Applies the `[rules.NAME]` tables of a TOML file; all or nothing.
+/// Applies the `[rules.NAME]` tables of a TOML file; all or nothing
+/// (feature `toml`).
+#[cfg(feature = "toml")]
 pub fn load_toml(path: impl AsRef<std::path::Path>) -> Result<usize, Error> {
     apply_all(read_toml(path.as_ref())?)
 }
 
 /// Makes the TOML file the whole truth: checks every entry, then replaces
 /// all overrides (also ones set with [`set`]) with the file's. On error,
-/// nothing changes. For a file watched while running.
+/// nothing changes. For a file watched while running (feature `toml`).
+#[cfg(feature = "toml")]
 pub fn reload_toml(path: impl AsRef<std::path::Path>) -> Result<usize, Error> {
     let changes = read_toml(path.as_ref())?;
     check_all(&changes)?;
@@ -321,6 +324,7 @@ pub fn reload_toml(path: impl AsRef<std::path::Path>) -> Result<usize, Error> {
     Ok(table.len())
 }
 
+#[cfg(feature = "toml")]
 fn read_toml(path: &std::path::Path) -> Result<Vec<(String, RuleOverride)>, Error> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::Config(format!("reading {}: {e}", path.display())))?;

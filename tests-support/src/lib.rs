@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod managed;
 mod proxy;
+pub use managed::{MASTER_NAME, SentinelSet, TestCa, TlsServer, acl_server};
 pub use proxy::Proxy;
 
 /// Where to find `redis-server`: `$RATELIMIT_REDIS_SERVER`, else `redis-server` on `PATH`.
@@ -37,6 +39,15 @@ impl RedisServer {
     /// it), or no server answers within 10 s.
     pub fn start() -> RedisServer {
         RedisServer::start_with(&[], free_port)
+    }
+
+    /// Starts a server with extra arguments.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with_args(extra: &[&str]) -> RedisServer {
+        RedisServer::start_with(extra, free_port)
     }
 
     /// Starts a server with extra arguments, on a port `pick_port` chooses.

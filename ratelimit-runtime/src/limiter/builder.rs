@@ -39,6 +39,8 @@ pub struct RateLimiterBuilder {
     per_check_calls: bool,
     #[cfg(feature = "redis")]
     no_functions: bool,
+    #[cfg(feature = "tls")]
+    tls_root: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Default)]
@@ -49,6 +51,14 @@ enum BackendChoice {
     Redis(String),
     #[cfg(feature = "redis")]
     RedisCluster(Vec<String>),
+    #[cfg(feature = "redis")]
+    RedisClient(Box<redis::Client>),
+    #[cfg(feature = "redis")]
+    RedisManager(redis::aio::ConnectionManager),
+    #[cfg(feature = "redis")]
+    RedisClusterClient(Box<redis::cluster::ClusterClient>),
+    #[cfg(feature = "sentinel")]
+    RedisSentinel(String, Vec<String>),
     Custom(Box<dyn DynBackend>),
 }
 
@@ -81,6 +91,61 @@ impl RateLimiterBuilder {
     #[cfg(feature = "redis")]
     pub fn redis_cluster<S: Into<String>>(mut self, nodes: impl IntoIterator<Item = S>) -> Self {
         self.backend = BackendChoice::RedisCluster(nodes.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Keep budgets in the Redis server this client of yours connects to
+    /// (your TLS, authentication and timeouts): the limiter makes its own
+    /// connection from it.
+    #[cfg(feature = "redis")]
+    pub fn redis_client(mut self, client: redis::Client) -> Self {
+        self.backend = BackendChoice::RedisClient(Box::new(client));
+        self
+    }
+
+    /// Keep budgets in the Redis server of this connection manager of
+    /// yours: the limiter sends its calls on it, and it reconnects as you
+    /// configured it.
+    #[cfg(feature = "redis")]
+    pub fn redis_connection_manager(mut self, manager: redis::aio::ConnectionManager) -> Self {
+        self.backend = BackendChoice::RedisManager(manager);
+        self
+    }
+
+    /// Keep budgets in the Redis Cluster this client of yours reaches. Build
+    /// it with `.retries(0)`: with retries, the client sends a request again
+    /// when its connection drops, also a script call a node already ran (a
+    /// check counted twice).
+    #[cfg(feature = "redis")]
+    pub fn redis_cluster_client(mut self, client: redis::cluster::ClusterClient) -> Self {
+        self.backend = BackendChoice::RedisClusterClient(Box::new(client));
+        self
+    }
+
+    /// Keep budgets in the master that the Sentinels at `sentinels`
+    /// (`redis://host:26379`) name for `master_name`, and follow it through
+    /// failovers (feature `sentinel`). Replication is asynchronous: the
+    /// counts the old master took last, before its replica had them, are lost
+    /// with it.
+    #[cfg(feature = "sentinel")]
+    pub fn redis_sentinel<S: Into<String>>(
+        mut self,
+        master_name: impl Into<String>,
+        sentinels: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.backend = BackendChoice::RedisSentinel(
+            master_name.into(),
+            sentinels.into_iter().map(Into::into).collect(),
+        );
+        self
+    }
+
+    /// Trust the certificate authority `pem` (PEM) for `rediss://` URLs given
+    /// to [`redis`](Self::redis) or [`redis_cluster`](Self::redis_cluster),
+    /// instead of the system's roots (feature `tls`).
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root = Some(pem.into());
         self
     }
 
@@ -236,12 +301,49 @@ impl RateLimiterBuilder {
             BackendChoice::Memory => Store::Memory(self.memory(clock)),
             #[cfg(feature = "redis")]
             BackendChoice::Redis(url) => {
-                let redis = RedisBackend::open(&url, self.connect_options()).await?;
+                let options = self.connect_options();
+                #[cfg(feature = "tls")]
+                let redis = match &self.tls_root {
+                    Some(root) => RedisBackend::open_tls(&url, root, options).await?,
+                    None => RedisBackend::open(&url, options).await?,
+                };
+                #[cfg(not(feature = "tls"))]
+                let redis = RedisBackend::open(&url, options).await?;
                 self.redis_store(redis, clock)
             }
             #[cfg(feature = "redis")]
             BackendChoice::RedisCluster(nodes) => {
-                let redis = RedisBackend::open_cluster(&nodes, self.connect_options()).await?;
+                let options = self.connect_options();
+                #[cfg(feature = "tls")]
+                let redis = match &self.tls_root {
+                    Some(root) => RedisBackend::open_cluster_tls(&nodes, root, options).await?,
+                    None => RedisBackend::open_cluster(&nodes, options).await?,
+                };
+                #[cfg(not(feature = "tls"))]
+                let redis = RedisBackend::open_cluster(&nodes, options).await?;
+                self.redis_store(redis, clock)
+            }
+            #[cfg(feature = "redis")]
+            BackendChoice::RedisClient(client) => {
+                let redis = RedisBackend::from_client(*client, self.connect_options()).await?;
+                self.redis_store(redis, clock)
+            }
+            #[cfg(feature = "redis")]
+            BackendChoice::RedisManager(manager) => {
+                let options = self.connect_options();
+                let redis = RedisBackend::from_connection_manager(manager, options).await?;
+                self.redis_store(redis, clock)
+            }
+            #[cfg(feature = "redis")]
+            BackendChoice::RedisClusterClient(client) => {
+                let options = self.connect_options();
+                let redis = RedisBackend::from_cluster_client(*client, options).await?;
+                self.redis_store(redis, clock)
+            }
+            #[cfg(feature = "sentinel")]
+            BackendChoice::RedisSentinel(master, sentinels) => {
+                let options = self.connect_options();
+                let redis = RedisBackend::open_sentinel(&master, &sentinels, options).await?;
                 self.redis_store(redis, clock)
             }
             BackendChoice::Custom(backend) => Store::Custom(backend),

@@ -58,10 +58,44 @@ pub(super) struct Conn {
     pub(super) server_offset: AtomicI64,
 }
 
+// One per limiter; a plain client (larger with TLS) is the common case.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Target {
     Single(redis::Client),
     // Boxed: a cluster client is twice a plain one, and both live once per limiter.
     Cluster(Box<ClusterClient>),
+    /// A connection manager the user made (their TLS, auth, pool settings).
+    Manager(ConnectionManager),
+    /// The master a set of Sentinels names, asked again at each connect.
+    #[cfg(feature = "sentinel")]
+    Sentinel(Resolve),
+}
+
+/// Asks the Sentinels for the master's client. A trait object: the
+/// Sentinel client's own types nest too deep for the compiler to prove
+/// every future that holds a limiter `Send` (in the user's crate too).
+#[cfg(feature = "sentinel")]
+pub(super) type Resolve = Box<
+    dyn Fn() -> std::pin::Pin<Box<dyn Future<Output = redis::RedisResult<redis::Client>> + Send>>
+        + Send
+        + Sync,
+>;
+
+impl Target {
+    /// Whether its connection is to one server (coalescing is for those).
+    pub(super) fn is_single(&self) -> bool {
+        !matches!(self, Target::Cluster(_))
+    }
+
+    pub(super) fn describe(&self) -> String {
+        match self {
+            Target::Single(client) => format!("Redis at {}", client.get_connection_info().addr()),
+            Target::Cluster(_) => "the Redis Cluster".to_owned(),
+            Target::Manager(_) => "the Redis of the given connection".to_owned(),
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel(_) => "the Redis master the Sentinels name".to_owned(),
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -257,46 +291,70 @@ impl Conn {
             .clone()
     }
 
-    /// Drops a cluster connection that `error` says is gone, so that the next
-    /// call connects again. Its task ended (with the runtime the limiter was
-    /// built on, or its nodes all gone) and it does not come back by itself;
-    /// a single server's connection manager reconnects on its own.
+    /// Drops a connection that `error` says is gone or in the wrong place,
+    /// so that the next call connects again:
+    /// - a cluster's: its task ended (with the runtime the limiter was built
+    ///   on, or its nodes all gone) and it does not come back by itself;
+    /// - a Sentinel master's: the master may have failed over, so the
+    ///   Sentinels are asked again (a server that answers `READONLY` was
+    ///   demoted).
+    ///
+    /// A single server's connection manager reconnects on its own.
     pub(super) fn forget(&self, error: &RedisError) {
-        if matches!(self.target, Target::Cluster(_)) && error.is_connection_dropped() {
+        let gone = match &self.target {
+            Target::Cluster(_) => error.is_connection_dropped(),
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel(_) => {
+                error.is_connection_dropped()
+                    || error.is_io_error()
+                    || error.is_timeout()
+                    || error.code() == Some("READONLY")
+            }
+            _ => false,
+        };
+        if gone {
             *self.live.write().unwrap_or_else(PoisonError::into_inner) = None;
         }
     }
 
+    /// A connection manager for `client`, with the limiter's timeouts.
+    async fn manager(&self, client: &redis::Client) -> Result<ConnectionManager, Error> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(super::batch::response_timeout(self.timeout)))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(1));
+        client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(|e| self.failed(e))
+    }
+
     pub(super) async fn connect(&self, scripts: &Scripts) -> Result<Live, Error> {
         let mut live = match &self.target {
-            Target::Single(client) => {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
-                    .set_response_timeout(Some(super::batch::response_timeout(self.timeout)))
-                    .set_number_of_retries(2)
-                    .set_max_delay(Duration::from_secs(1));
-                let mut live = Live::Single(
-                    client
-                        .get_connection_manager_with_config(config)
-                        .await
-                        .map_err(Error::backend)?,
-                );
-                let info: String = live
-                    .query(&redis::cmd("INFO"))
-                    .await
-                    .map_err(Error::backend)?;
-                check_server(&info)?;
-                live
+            Target::Single(client) => Live::Single(self.manager(client).await?),
+            Target::Manager(manager) => Live::Single(manager.clone()),
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel(resolve) => {
+                let client = resolve().await.map_err(|e| self.failed(e))?;
+                Live::Single(self.manager(&client).await?)
             }
             Target::Cluster(client) => Live::Cluster(
                 client
                     .get_async_connection()
                     .await
-                    .map_err(Error::backend)?,
+                    .map_err(|e| self.failed(e))?,
             ),
         };
+        if let Live::Single(_) = live {
+            let info: String = live
+                .query(&redis::cmd("INFO"))
+                .await
+                .map_err(|e| self.failed(e))?;
+            check_server(&info)?;
+        }
         for script in scripts.all() {
-            live.load(script).await.map_err(Error::backend)?;
+            live.load(script).await.map_err(|e| self.failed(e))?;
         }
         if self.try_functions {
             // Redis before 7, or a user whose ACL denies FUNCTION: the
@@ -309,6 +367,49 @@ impl Conn {
             }
         }
         Ok(live)
+    }
+}
+
+impl Conn {
+    /// A connection's failure, saying where.
+    fn failed(&self, error: RedisError) -> Error {
+        let at = self.target.describe();
+        // Credentials refused, or a user not allowed the commands: wrong
+        // configuration, not a Redis that is down (`build` says so).
+        let refused = error.kind() == ErrorKind::AuthenticationFailed
+            || matches!(error.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"));
+        Error::backend(ConnectError { at, error, refused })
+    }
+}
+
+/// Redis could not be reached or refused the limiter, and where it was.
+#[derive(Debug)]
+pub(super) struct ConnectError {
+    at: String,
+    error: RedisError,
+    /// The credentials or the commands were refused.
+    pub(super) refused: bool,
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.refused {
+            write!(
+                f,
+                "{} refused the limiter's credentials or commands ({}): check the user and \
+                 password (redis://user:password@host:port/) and that the user may run INFO, \
+                 SCRIPT, EVALSHA, FUNCTION and FCALL",
+                self.at, self.error
+            )
+        } else {
+            write!(f, "{} cannot be reached: {}", self.at, self.error)
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
     }
 }
 

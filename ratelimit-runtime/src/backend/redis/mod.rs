@@ -9,6 +9,7 @@ mod batch;
 mod codec;
 mod connection;
 mod scripts;
+mod tls;
 
 use std::fmt;
 use std::sync::Arc;
@@ -67,12 +68,8 @@ pub struct RedisBackend {
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self.conn.target {
-            Target::Single(_) => "single node",
-            Target::Cluster(_) => "cluster",
-        };
         f.debug_struct("RedisBackend")
-            .field("kind", &kind)
+            .field("redis", &self.conn.target.describe())
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
@@ -146,9 +143,108 @@ impl RedisBackend {
     /// [`Error::Config`] for a malformed URL; [`Error::Backend`] if Redis
     /// cannot be reached within the connect timeout (unless `lazy`).
     pub async fn open(url: &str, options: ConnectOptions) -> Result<RedisBackend, Error> {
+        tls::install_provider();
         let client = redis::Client::open(url)
             .map_err(|e| Error::Config(format!("bad Redis URL {url:?}: {e}")))?;
         RedisBackend::start(Target::Single(client), options).await
+    }
+
+    /// Connects to one Redis server over TLS (`rediss://` URL) that presents
+    /// a certificate of the authority `root_pem` (PEM) rather than one of
+    /// the system's (feature `tls`).
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](RedisBackend::open).
+    #[cfg(feature = "tls")]
+    pub async fn open_tls(
+        url: &str,
+        root_pem: &[u8],
+        options: ConnectOptions,
+    ) -> Result<RedisBackend, Error> {
+        tls::install_provider();
+        let client = redis::Client::build_with_tls(url, tls::certificates(root_pem))
+            .map_err(|e| Error::Config(format!("bad Redis URL or certificate {url:?}: {e}")))?;
+        RedisBackend::start(Target::Single(client), options).await
+    }
+
+    /// Uses a client you configured (TLS, authentication, timeouts of its
+    /// own): the limiter makes its connection from it.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](RedisBackend::open).
+    pub async fn from_client(
+        client: redis::Client,
+        options: ConnectOptions,
+    ) -> Result<RedisBackend, Error> {
+        tls::install_provider();
+        RedisBackend::start(Target::Single(client), options).await
+    }
+
+    /// Uses a connection manager you made: the limiter sends its calls on
+    /// it (and on its clones), and it reconnects as you configured it.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](RedisBackend::open).
+    pub async fn from_connection_manager(
+        manager: redis::aio::ConnectionManager,
+        options: ConnectOptions,
+    ) -> Result<RedisBackend, Error> {
+        RedisBackend::start(Target::Manager(manager), options).await
+    }
+
+    /// Uses a Redis Cluster client you configured. Build it with
+    /// `.retries(0)`: with retries, the client sends a request again when
+    /// its connection drops, also a script call a node already ran (the
+    /// limiter then counts that check twice). [`open_cluster`](Self::open_cluster)
+    /// does so.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](RedisBackend::open).
+    pub async fn from_cluster_client(
+        client: ClusterClient,
+        options: ConnectOptions,
+    ) -> Result<RedisBackend, Error> {
+        tls::install_provider();
+        RedisBackend::start(Target::Cluster(Box::new(client)), options).await
+    }
+
+    /// Connects to the master that the Sentinels at `sentinels`
+    /// (`redis://host:26379`) name for `master_name`, and follows it: when
+    /// its connection fails, the Sentinels are asked again, so after a
+    /// failover the limiter goes on with the promoted replica (feature
+    /// `sentinel`). Replication is asynchronous: what the old master counted
+    /// last, before the replica had it, is lost with it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for malformed URLs; as [`open`](RedisBackend::open)
+    /// otherwise.
+    #[cfg(feature = "sentinel")]
+    pub async fn open_sentinel(
+        master_name: &str,
+        sentinels: &[String],
+        options: ConnectOptions,
+    ) -> Result<RedisBackend, Error> {
+        use redis::sentinel::{SentinelClient, SentinelServerType};
+        // A `String` without TLS, `impl AsRef<str>` with it.
+        #[allow(clippy::unnecessary_to_owned)]
+        let client = SentinelClient::build(
+            sentinels.iter().map(String::as_str).collect(),
+            master_name.to_owned(),
+            None,
+            SentinelServerType::Master,
+        )
+        .map_err(|e| Error::Config(format!("bad Sentinel URLs {sentinels:?}: {e}")))?;
+        let client = Arc::new(tokio::sync::Mutex::new(client));
+        let resolve: connection::Resolve = Box::new(move || {
+            let client = Arc::clone(&client);
+            Box::pin(async move { client.lock().await.async_get_client().await })
+        });
+        RedisBackend::start(Target::Sentinel(resolve), options).await
     }
 
     /// Connects to a Redis Cluster through any of its nodes (`urls`).
@@ -160,21 +256,34 @@ impl RedisBackend {
         urls: &[String],
         options: ConnectOptions,
     ) -> Result<RedisBackend, Error> {
-        // No retries in the client: it sends a request again when its
-        // connection drops, also a script call the node already ran (a
-        // check counted twice). `Live::query` sends again only what a node
-        // answered it did not run.
-        let client = ClusterClient::builder(urls.iter().map(String::as_str))
-            .connection_timeout(options.connect_timeout)
-            .response_timeout(batch::response_timeout(options.timeout))
-            .retries(0)
+        tls::install_provider();
+        let client = cluster_builder(urls, options)
+            .build()
+            .map_err(|e| Error::Config(format!("bad Redis Cluster URLs {urls:?}: {e}")))?;
+        RedisBackend::start(Target::Cluster(Box::new(client)), options).await
+    }
+
+    /// [`open_cluster`](Self::open_cluster) over TLS (`rediss://` URLs),
+    /// trusting the authority `root_pem` (feature `tls`).
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](RedisBackend::open).
+    #[cfg(feature = "tls")]
+    pub async fn open_cluster_tls(
+        urls: &[String],
+        root_pem: &[u8],
+        options: ConnectOptions,
+    ) -> Result<RedisBackend, Error> {
+        let client = cluster_builder(urls, options)
+            .certs(tls::certificates(root_pem))
             .build()
             .map_err(|e| Error::Config(format!("bad Redis Cluster URLs {urls:?}: {e}")))?;
         RedisBackend::start(Target::Cluster(Box::new(client)), options).await
     }
 
     async fn start(target: Target, options: ConnectOptions) -> Result<RedisBackend, Error> {
-        let coalesce = options.coalesce && matches!(target, Target::Single(_));
+        let coalesce = options.coalesce && target.is_single();
         let mut backend = RedisBackend {
             conn: Arc::new(Conn {
                 target,
@@ -208,7 +317,16 @@ impl RedisBackend {
         }
         match backend.conn.get(&backend.scripts).await {
             Ok(_) => Ok(backend),
-            Err(error) if options.lazy => {
+            // Refused credentials are a configuration to fix, never a
+            // Redis that looks down; a degraded start does not wait for it.
+            Err(Error::Backend(error))
+                if error
+                    .downcast_ref::<connection::ConnectError>()
+                    .is_some_and(|e| e.refused) =>
+            {
+                Err(Error::Config(error.to_string()))
+            }
+            Err(error @ Error::Backend(_)) if options.lazy => {
                 tracing::warn!(%error, "Redis cannot be reached; starting degraded, will connect on use");
                 Ok(backend)
             }
@@ -375,6 +493,20 @@ impl RedisBackend {
         self.eval(rule, key, cost, Clock::Fixed(micros(now)), Some(lease))
             .await
     }
+}
+
+/// A cluster client's settings: the limiter's timeouts, and no retries: the
+/// client sends a request again when its connection drops, also a script
+/// call the node already ran (a check counted twice). `Live::query` sends
+/// again only what a node answered it did not run.
+fn cluster_builder(
+    urls: &[String],
+    options: ConnectOptions,
+) -> redis::cluster::ClusterClientBuilder {
+    ClusterClient::builder(urls.iter().map(String::as_str))
+        .connection_timeout(options.connect_timeout)
+        .response_timeout(batch::response_timeout(options.timeout))
+        .retries(0)
 }
 
 fn micros(d: Duration) -> u64 {

@@ -1,0 +1,175 @@
+//! Redis as teams run it, against real servers the tests start: TLS with a
+//! certificate authority made on the spot (and a wrong one), an ACL user
+//! (and a wrong password), Sentinels that fail a killed master over, and a
+//! client, connection manager or cluster client of the user's own.
+
+use std::time::{Duration, Instant};
+
+use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
+use ratelimit_runtime::{Backend, Error, OnError, RateLimiter, Rule};
+use ratelimit_test_support::{
+    MASTER_NAME, RedisCluster, RedisServer, SentinelSet, TestCa, TlsServer, acl_server,
+};
+
+const RULE: Rule = Rule::fixed_window(10, Duration::from_secs(120));
+
+/// Three checks of `key` leave 7, 6, 5 of 10: each counted once, in Redis.
+async fn counts(limiter: &RateLimiter, key: &str) {
+    for left in [9, 8, 7] {
+        let decision = limiter.check(&RULE, key).await.unwrap();
+        assert!(decision.allowed);
+        assert_eq!(decision.remaining, left, "{key}");
+    }
+}
+
+/// A limiter that refuses rather than count in memory when Redis fails, so
+/// a passing check was Redis's.
+fn builder() -> ratelimit_runtime::RateLimiterBuilder {
+    RateLimiter::builder()
+        .timeout(Duration::from_secs(2))
+        .on_backend_error(OnError::Deny)
+}
+
+#[tokio::test]
+async fn tls_with_the_servers_authority_counts_and_a_wrong_one_fails_build() {
+    let ca = TestCa::new();
+    let server = TlsServer::start(&ca);
+    let limiter = builder()
+        .redis(server.url())
+        .tls_root_certificate(ca.ca_pem())
+        .build()
+        .await
+        .expect("a TLS connection");
+    counts(&limiter, "limiter:tls").await;
+    // The count is in the server (read on its plain port).
+    assert!(server.server.stored_state("limiter:tls").is_some());
+
+    let wrong = TestCa::new();
+    let error = builder()
+        .redis(server.url())
+        .tls_root_certificate(wrong.ca_pem())
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect_err("a certificate of another authority");
+    let message = error.to_string();
+    assert!(
+        message.contains("certificate") && message.contains(&server.tls_port().to_string()),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn an_acl_user_counts_and_a_wrong_password_fails_build_clearly() {
+    let server = acl_server();
+    let url = |password: &str| format!("redis://limiter:{password}@127.0.0.1:{}/", server.port());
+    let limiter = builder().redis(url("s3cret")).build().await.unwrap();
+    counts(&limiter, "limiter:acl").await;
+
+    for lazy in [false, true] {
+        let error = builder()
+            .redis(url("wrong"))
+            .start_degraded(lazy)
+            .build()
+            .await
+            .expect_err("a wrong password");
+        let message = error.to_string();
+        assert!(
+            matches!(error, Error::Config(_)) && message.contains("credentials"),
+            "a wrong password is not Redis being down (degraded start: {lazy}): {error:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_fail_over_and_the_limiter_follows_the_new_master() {
+    let mut set = SentinelSet::start();
+    let old_master = set.servers[0].port();
+    let options = ConnectOptions {
+        timeout: Duration::from_millis(500),
+        ..ConnectOptions::default()
+    };
+    let redis = RedisBackend::open_sentinel(MASTER_NAME, &set.sentinel_urls(), options)
+        .await
+        .unwrap();
+    let limiter = builder()
+        .redis_sentinel(MASTER_NAME, set.sentinel_urls())
+        .timeout(Duration::from_millis(500))
+        .probe_interval(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    counts(&limiter, "limiter:sentinel").await;
+    // Let the replica catch up, then kill the master.
+    let replicated = Instant::now() + Duration::from_secs(5);
+    while set.servers[1].stored_state("limiter:sentinel").is_none() {
+        assert!(
+            Instant::now() < replicated,
+            "the replica never had the count"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    set.servers[0].kill();
+    let killed = Instant::now();
+    // The backend follows the promoted replica, with its count.
+    loop {
+        match redis.check(&RULE, "limiter:sentinel", 1).await {
+            Ok(decision) => {
+                assert_eq!(decision.remaining, 10 - 3 - 1, "{decision:?}");
+                break;
+            }
+            Err(_) => {
+                assert!(
+                    killed.elapsed() < Duration::from_secs(30),
+                    "no failover in 30 s"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert_ne!(set.master_port(), Some(old_master), "a replica took over");
+    // And so does the limiter, on the same count.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match limiter.check(&RULE, "limiter:sentinel").await {
+            Ok(decision) => {
+                assert_eq!(decision.remaining, 10 - 3 - 2, "{decision:?}");
+                break;
+            }
+            Err(error) => assert!(Instant::now() < deadline, "the limiter stayed off: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_connection_manager_or_cluster_client_of_your_own() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let from_client = builder()
+        .redis_client(client.clone())
+        .build()
+        .await
+        .unwrap();
+    counts(&from_client, "limiter:own-client").await;
+
+    let manager = client.get_connection_manager().await.unwrap();
+    let from_manager = builder()
+        .redis_connection_manager(manager)
+        .build()
+        .await
+        .unwrap();
+    counts(&from_manager, "limiter:own-manager").await;
+
+    let cluster = RedisCluster::start();
+    let cluster_client = redis::cluster::ClusterClient::builder(cluster.urls())
+        .retries(0)
+        .build()
+        .unwrap();
+    let from_cluster = builder()
+        .redis_cluster_client(cluster_client)
+        .build()
+        .await
+        .unwrap();
+    counts(&from_cluster, "limiter:own-cluster").await;
+}
