@@ -486,3 +486,56 @@ async fn concurrency_and_shadow_rules_on_axum_handlers() {
         assert_eq!(reply.status, 200, "shadow never refuses");
     }
 }
+
+/// Header values (API keys) never reach Redis key names: a keyed digest
+/// stands for them, stable across instances that share the secret; client
+/// addresses are readable unless the options digest them too.
+#[tokio::test]
+async fn header_values_and_optionally_addresses_are_digested_in_keys() {
+    let redis = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .redis(redis.url())
+        .build()
+        .await
+        .unwrap();
+    let keys = |pattern: &str| -> Vec<String> {
+        redis
+            .keys_with_pttl(pattern)
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect()
+    };
+    let a = serve_with(
+        limiter.clone(),
+        HttpOptions::new().key_secret("team secret"),
+    )
+    .await;
+    let b = serve_with(
+        limiter.clone(),
+        HttpOptions::new().key_secret("team secret"),
+    )
+    .await;
+    // The same key from two servers with one secret: one budget.
+    for (server, expected) in [(a, 200), (b, 200), (a, 429)] {
+        let reply = get_from(ONE, server, "/api", &[("x-api-key", "sk_live_1234")]).await;
+        assert_eq!(reply.status, expected);
+    }
+    let api_keys = keys("limiter:axum_api*");
+    assert_eq!(api_keys.len(), 1, "{api_keys:?}");
+    assert!(!api_keys[0].contains("sk_live_1234"), "{api_keys:?}");
+    assert!(api_keys[0].starts_with("limiter:axum_api:header:x-api-key:#"));
+
+    assert_eq!(get_from(ONE, a, "/limitTest3", &[]).await.status, 200);
+    assert_eq!(
+        keys("limiter:axum_limitTest3*"),
+        ["limiter:axum_limitTest3:ip:127.0.0.1"]
+    );
+    let hidden = serve_with(limiter, HttpOptions::new().digest_client_ips(true)).await;
+    assert_eq!(get_from(TWO, hidden, "/limitTest3", &[]).await.status, 200);
+    let ip_keys = keys("limiter:axum_limitTest3*");
+    assert_eq!(ip_keys.len(), 2);
+    assert!(
+        ip_keys.iter().all(|k| !k.contains("127.0.0.2")),
+        "{ip_keys:?}"
+    );
+}

@@ -33,6 +33,42 @@ pub fn push_part(out: &mut String, part: &str) {
     }
 }
 
+/// The secret of [`push_digest`] when none is set: keys stay stable across
+/// instances, but a short value (an API key) could be found by guessing;
+/// set one of your own ([`HttpOptions::key_secret`](crate::HttpOptions::key_secret)).
+pub(crate) const DEFAULT_SECRET: &[u8] = b"ratelimit-runtime key digest v1";
+
+/// Appends `#` and 32 hex digits of HMAC-SHA1(`secret`, `value`): a value
+/// that must not be readable in keys (a header's, an API key), the same on
+/// every instance that shares the secret. `#` never appears in a kept part,
+/// nor in a plain digest (`~`), so none collide.
+pub fn push_digest(out: &mut String, secret: &[u8], value: &[u8]) {
+    let mac = hmac_sha1(secret, value);
+    out.push('#');
+    for byte in &mac[..16] {
+        let _ = write!(out, "{byte:02x}");
+    }
+}
+
+/// HMAC-SHA1 (RFC 2104).
+fn hmac_sha1(secret: &[u8], message: &[u8]) -> [u8; 20] {
+    const BLOCK: usize = 64;
+    let mut key = [0u8; BLOCK];
+    if secret.len() > BLOCK {
+        key[..20].copy_from_slice(&sha1_smol::Sha1::from(secret).digest().bytes());
+    } else {
+        key[..secret.len()].copy_from_slice(secret);
+    }
+    let pad = |byte: u8| key.map(|k| k ^ byte);
+    let mut inner = sha1_smol::Sha1::new();
+    inner.update(&pad(0x36));
+    inner.update(message);
+    let mut outer = sha1_smol::Sha1::new();
+    outer.update(&pad(0x5c));
+    outer.update(&inner.digest().bytes());
+    outer.digest().bytes()
+}
+
 /// A part already rendered, written as [`push_part`] would (what
 /// `#[rate_limit]` puts in a key for a `{param}`: the rendering happens in
 /// the user's code, so a type that is not `Display` is reported there).
@@ -50,6 +86,26 @@ impl fmt::Display for SafePart {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hmac_sha1_matches_rfc_2202() {
+        let hex = |bytes: [u8; 20]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        assert_eq!(
+            hex(hmac_sha1(&[0x0b; 20], b"Hi There")),
+            "b617318655057264e28bc0b6fb378c8ef146be00"
+        );
+        assert_eq!(
+            hex(hmac_sha1(b"Jefe", b"what do ya want for nothing?")),
+            "effcdf6ae5eb2fa2d27416d5f184df9c259a7c79"
+        );
+        assert_eq!(
+            hex(hmac_sha1(
+                &[0xaa; 80],
+                b"Test Using Larger Than Block-Size Key - Hash Key First"
+            )),
+            "aa4ae5e15272d00e95705637ce8a3b55ed402112"
+        );
+    }
 
     fn part(text: &str) -> String {
         let mut out = String::new();

@@ -462,8 +462,24 @@ impl RedisCluster {
             .collect()
     }
 
-    /// The port of the master that serves `key`.
+    /// The port of the master that serves `key`. Right after a failover a
+    /// node may not know the new master yet: asked again (for up to 10 s).
+    ///
+    /// # Panics
+    ///
+    /// If no master serves the key within 10 s.
     pub fn master_for(&self, key: &str) -> u16 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.try_master_for(key) {
+                Ok(port) => return port,
+                Err(error) if Instant::now() > deadline => panic!("{error}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    fn try_master_for(&self, key: &str) -> Result<u16, String> {
         let alive = self
             .nodes
             .iter()
@@ -487,10 +503,10 @@ impl RedisCluster {
             });
             if serves {
                 let address = fields[1].split('@').next().unwrap();
-                return address.rsplit(':').next().unwrap().parse().unwrap();
+                return Ok(address.rsplit(':').next().unwrap().parse().unwrap());
             }
         }
-        panic!("no master serves {key} (slot {slot})");
+        Err(format!("no master serves {key} (slot {slot})"))
     }
 
     /// How many keys matching `pattern` each master holds.

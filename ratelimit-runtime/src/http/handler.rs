@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use super::{Field, HttpOptions, Refusal, header_subject, rate_limit_headers, refusal};
+use super::{Field, HttpOptions, Refusal, rate_limit_headers, refusal};
 use crate::pipeline::{self, Pass, Report, Site};
 use crate::{RateLimited, RateLimiter};
 
@@ -130,7 +130,11 @@ pub async fn check(site: &Site, base: &str, by: By, call: &HttpCall) -> Result<P
             Ok(subject) => [base, &subject].concat(),
             Err(()) => return Err(site.unknown_client()),
         },
-        By::Header(name) => [base, &header_subject(name, call.header(name))].concat(),
+        By::Header(name) => [
+            base,
+            &call.options().header_subject(name, call.header(name)),
+        ]
+        .concat(),
     };
     pipeline::check_on(site, limiter, &key).await
 }

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::{Headers, HttpOptions, canonical, header_subject};
+use super::{Headers, HttpOptions, canonical};
 use crate::pipeline::Site;
 use crate::{OnError, RateLimited, Rule};
 
@@ -126,7 +126,7 @@ impl<K> Limit<K> {
                 if value.is_some_and(|v| self.exempt_key(v)) {
                     return Verdict::Pass;
                 }
-                header_subject(name, value)
+                options.header_subject(name, value)
             }
             By::Key(closure) => {
                 let Some(k) = key(closure) else {

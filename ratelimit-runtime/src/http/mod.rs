@@ -65,6 +65,10 @@ pub struct HttpOptions {
     unknown_client: UnknownClient,
     pub(crate) headers: HeaderStyle,
     pub(crate) json: bool,
+    /// The secret of the keyed digests of header values (and of client
+    /// addresses when `digest_ips`).
+    secret: std::sync::Arc<[u8]>,
+    digest_ips: bool,
 }
 
 /// Which forwarding header names the client when the peer is a trusted
@@ -155,6 +159,8 @@ impl Default for HttpOptions {
     fn default() -> Self {
         HttpOptions {
             trusted: std::sync::Arc::new([]),
+            secret: std::sync::Arc::from(crate::keys::DEFAULT_SECRET),
+            digest_ips: false,
             ipv6_prefix: 64,
             client_header: ClientHeader::Any,
             unknown_client: UnknownClient::Reject,
@@ -276,21 +282,57 @@ impl HttpOptions {
     }
 
     /// `:ip:<address>` for the key of the client `ip` (IPv6 masked to the
-    /// prefix).
+    /// prefix), or `:ip:#<digest>` with [`digest_client_ips`](Self::digest_client_ips).
     pub fn subject_of(&self, ip: IpAddr) -> String {
-        let mut subject = String::with_capacity(48);
-        subject.push_str(":ip:");
+        let mut address = String::with_capacity(44);
         match ip {
             IpAddr::V4(v4) => {
-                let _ = write!(subject, "{v4}");
+                let _ = write!(address, "{v4}");
             }
             IpAddr::V6(v6) => {
                 let bits = u32::from(self.ipv6_prefix);
                 let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
                 let masked = std::net::Ipv6Addr::from(u128::from(v6) & mask);
-                let _ = write!(subject, "{masked}/{bits}");
+                let _ = write!(address, "{masked}/{bits}");
             }
         }
+        let mut subject = String::with_capacity(48);
+        subject.push_str(":ip:");
+        if self.digest_ips {
+            crate::keys::push_digest(&mut subject, &self.secret, address.as_bytes());
+        } else {
+            subject.push_str(&address);
+        }
+        subject
+    }
+
+    /// The secret of the keyed digests that stand for header values in keys
+    /// (and client addresses, with [`digest_client_ips`](Self::digest_client_ips)).
+    /// Every instance that shares a Redis must use the same one. Without it
+    /// a built-in one is used: keys are stable, but a short value could be
+    /// found by guessing.
+    pub fn key_secret(mut self, secret: impl AsRef<[u8]>) -> HttpOptions {
+        self.secret = std::sync::Arc::from(secret.as_ref());
+        self
+    }
+
+    /// Keep client addresses as keyed digests in keys too (personal data
+    /// out of Redis key names and logs); by default they are readable.
+    pub fn digest_client_ips(mut self, digest: bool) -> HttpOptions {
+        self.digest_ips = digest;
+        self
+    }
+
+    /// The key's subject for `by = header("name")`:
+    /// `:header:name:#<digest>` of the value (empty value when the request
+    /// has none: such requests share one budget). The value itself is never
+    /// in a key or a log.
+    pub(crate) fn header_subject(&self, name: &str, value: Option<&[u8]>) -> String {
+        let mut subject = String::with_capacity(name.len() + 42);
+        subject.push_str(":header:");
+        subject.push_str(name);
+        subject.push(':');
+        crate::keys::push_digest(&mut subject, &self.secret, value.unwrap_or_default());
         subject
     }
 
@@ -304,20 +346,6 @@ impl HttpOptions {
             None => Err(()),
         }
     }
-}
-
-/// The key's subject for `by = header("name")`: `:header:name:value` (empty
-/// value when the request has none: such requests share one budget). Long or
-/// odd values are digested ([`crate::keys`]).
-pub(crate) fn header_subject(name: &str, value: Option<&[u8]>) -> String {
-    let value = value.map(String::from_utf8_lossy).unwrap_or_default();
-    let mut subject =
-        String::with_capacity(name.len() + 10 + value.len().min(crate::keys::MAX_PART));
-    subject.push_str(":header:");
-    subject.push_str(name);
-    subject.push(':');
-    crate::keys::push_part(&mut subject, &value);
-    subject
 }
 
 /// IPv4-mapped IPv6 (`::ffff:1.2.3.4`) is the IPv4 client it carries.
@@ -591,9 +619,10 @@ mod tests {
         #[test]
         fn header_values_never_escape_the_key(value in proptest::collection::vec(0x20u8..=0xff, 0..2000)) {
             let Ok(header) = HeaderValue::from_bytes(&value) else { return Ok(()); };
-            let subject = header_subject("x-api-key", Some(header.as_bytes()));
+            let subject = HttpOptions::new().header_subject("x-api-key", Some(header.as_bytes()));
             let part = subject.strip_prefix(":header:x-api-key:").unwrap();
             proptest::prop_assert!(part.len() <= crate::keys::MAX_PART);
+            proptest::prop_assert!(part.starts_with('#') && part.len() == 33);
             proptest::prop_assert!(!part.contains([':', '{', '}', '*', '\n', ' ']), "escaped: {:?}", part);
         }
     }

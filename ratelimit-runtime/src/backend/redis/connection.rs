@@ -302,7 +302,13 @@ impl Conn {
     /// A single server's connection manager reconnects on its own.
     pub(super) fn forget(&self, error: &RedisError) {
         let gone = match &self.target {
-            Target::Cluster(_) => error.is_connection_dropped(),
+            // A node gone (a failover): a new connection learns the slots
+            // anew (the client retries nothing, so it would not).
+            Target::Cluster(_) => {
+                error.is_connection_dropped()
+                    || error.is_connection_refusal()
+                    || error.kind() == ErrorKind::ClusterConnectionNotFound
+            }
             #[cfg(feature = "sentinel")]
             Target::Sentinel(_) => {
                 error.is_connection_dropped()
