@@ -606,3 +606,57 @@ async fn a_middleware_built_before_the_server_takes_overrides_loaded_at_start_up
         "the overridden count, 4"
     );
 }
+
+/// Backend latency (a histogram per result), coalesced batch sizes, and the
+/// circuit breaker's state (a gauge), through the `metrics` facade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_batches_and_the_circuit_are_measured() {
+    LazyLock::force(&SNAPSHOTTER);
+    let mut redis = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .redis(redis.url())
+        .timeout(Duration::from_millis(100))
+        .probe_interval(Duration::from_secs(60))
+        .build()
+        .await
+        .unwrap();
+    let rule = Rule::fixed_window(100, Duration::from_secs(60));
+    for _ in 0..5 {
+        assert!(
+            limiter
+                .check(&rule, "limiter:ops-latency")
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    redis.kill();
+    for _ in 0..5 {
+        // Answered in memory (the default policy) once Redis fails.
+        limiter.check(&rule, "limiter:ops-latency").await.unwrap();
+    }
+    let mut latencies = std::collections::HashMap::new();
+    let (mut batches, mut circuit) = (0, None);
+    for (key, _, _, value) in SNAPSHOTTER.snapshot().into_vec() {
+        let key = key.key();
+        let result = key
+            .labels()
+            .find(|l| l.key() == "result")
+            .map(|l| l.value().to_owned());
+        match (key.name(), value) {
+            ("ratelimit_backend_seconds", DebugValue::Histogram(values)) => {
+                *latencies.entry(result.unwrap()).or_insert(0) += values.len();
+            }
+            ("ratelimit_batch_size", DebugValue::Histogram(values)) => batches += values.len(),
+            ("ratelimit_circuit_open", DebugValue::Gauge(open)) => circuit = Some(open.0),
+            _ => {}
+        }
+    }
+    assert_eq!(latencies.get("ok"), Some(&5), "{latencies:?}");
+    assert!(
+        latencies.get("error").is_some_and(|n| *n >= 3),
+        "{latencies:?}"
+    );
+    assert!(batches >= 5, "{batches} batches");
+    assert_eq!(circuit, Some(1.0), "the circuit opened");
+}

@@ -32,6 +32,8 @@ pub(crate) struct Breaker {
 
 impl Breaker {
     pub(crate) fn new(probe_interval: Duration, start_open: bool) -> Breaker {
+        #[cfg(feature = "metrics")]
+        ::metrics::gauge!("ratelimit_circuit_open").set(if start_open { 1.0 } else { 0.0 });
         Breaker {
             origin: Instant::now(),
             probe_interval_ms: probe_interval.as_millis().max(1) as u64,
@@ -72,6 +74,8 @@ impl Breaker {
         }
         if self.open.load(Ordering::Relaxed) && self.open.swap(false, Ordering::AcqRel) {
             tracing::info!("Redis answers again; rate limits are shared again");
+            #[cfg(feature = "metrics")]
+            ::metrics::gauge!("ratelimit_circuit_open").set(0.0);
         }
     }
 
@@ -95,6 +99,8 @@ impl Breaker {
         self.next_probe_ms
             .store(self.now_ms() + self.probe_interval_ms, Ordering::Relaxed);
         if !self.open.swap(true, Ordering::AcqRel) {
+            #[cfg(feature = "metrics")]
+            ::metrics::gauge!("ratelimit_circuit_open").set(1.0);
             let policy = match on_error {
                 OnError::Local => "enforcing rate limits per process",
                 OnError::Allow => "letting calls through (policy `allow`)",

@@ -422,10 +422,21 @@ impl RateLimiter {
                 let remembering = cache.map(|cache| (cache, std::time::Instant::now()));
                 let answer = if !breaker.allow() {
                     Err(Error::backend(CircuitOpen))
-                } else if concurrency {
-                    Backend::acquire(redis, rule, key, cost, id).await
                 } else {
-                    Backend::check(redis, rule, key, cost).await
+                    #[cfg(feature = "metrics")]
+                    let sent = std::time::Instant::now();
+                    let answer = if concurrency {
+                        Backend::acquire(redis, rule, key, cost, id).await
+                    } else {
+                        Backend::check(redis, rule, key, cost).await
+                    };
+                    #[cfg(feature = "metrics")]
+                    ::metrics::histogram!(
+                        "ratelimit_backend_seconds",
+                        "result" => if answer.is_ok() { "ok" } else { "error" }
+                    )
+                    .record(sent.elapsed().as_secs_f64());
+                    answer
                 };
                 match answer {
                     Ok(decision) => {

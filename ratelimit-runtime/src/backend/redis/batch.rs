@@ -303,6 +303,8 @@ pub(super) async fn send_batch(
     let Some(latest) = jobs.iter().map(|job| job.deadline).max() else {
         return;
     };
+    #[cfg(feature = "metrics")]
+    ::metrics::histogram!("ratelimit_batch_size").record(jobs.len() as f64);
     // The checks that keep a string state first (each key's first one read
     // ahead), then the other checks, then the releases (see batch.lua).
     jobs.sort_unstable_by_key(Job::place);
