@@ -489,3 +489,34 @@ async fn middleware_allow_lists_match_whole_subjects_and_path_segments() {
         [200, 200, 429]
     );
 }
+
+/// Responses the middleware is told not to count (5xx here) give their
+/// units back.
+#[actix_web::test]
+async fn the_middleware_gives_back_the_units_of_server_errors() {
+    let server = HttpServer::new(|| {
+        App::new()
+            .app_data(RateLimiter::in_memory())
+            .wrap(
+                RateLimit::new(Rule::fixed_window(2, Duration::from_secs(60)))
+                    .key("actix_refund_5xx")
+                    .by_ip()
+                    .refund_if(|status| status >= 500),
+            )
+            .route("/fails", web::get().to(HttpResponse::BadGateway))
+            .route("/works", web::get().to(|| async { "ok" }))
+    })
+    .workers(1)
+    .bind((Ipv4Addr::LOCALHOST, 0))
+    .unwrap();
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    for _ in 0..5 {
+        assert_eq!(get_from(ONE, addr, "/fails", &[]).await.status, 502);
+    }
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(get_from(ONE, addr, "/works", &[]).await.status);
+    }
+    assert_eq!(statuses, [200, 200, 429], "the failures cost nothing");
+}

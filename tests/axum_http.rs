@@ -539,3 +539,66 @@ async fn header_values_and_optionally_addresses_are_digested_in_keys() {
         "{ip_keys:?}"
     );
 }
+
+/// An operator unblocks a client by rule name and subject, without knowing
+/// how keys are built: a header's budget (its value a digest in the key)
+/// and a client address's.
+#[tokio::test]
+async fn an_operator_resets_a_budget_by_rule_name_and_subject() {
+    let limiter = RateLimiter::in_memory();
+    let options = HttpOptions::new();
+    let addr = serve_with(limiter.clone(), options.clone()).await;
+    for expected in [200, 200, 429] {
+        let reply = get_from(ONE, addr, "/api", &[("x-api-key", "k1")]).await;
+        assert_eq!(reply.status, expected);
+    }
+    let subject = options.subject_of_header("x-api-key", "k1");
+    let peeked = limiter.peek_named("axum_api", &subject).await.unwrap();
+    assert!(!peeked.allowed, "{peeked:?}");
+    let whole = limiter.reset_named("axum_api", &subject).await.unwrap();
+    assert_eq!(whole.remaining, 1);
+    assert_eq!(
+        get_from(ONE, addr, "/api", &[("x-api-key", "k1")])
+            .await
+            .status,
+        200
+    );
+
+    for _ in 0..4 {
+        get_from(TWO, addr, "/limitTest3", &[]).await;
+    }
+    assert_eq!(get_from(TWO, addr, "/limitTest3", &[]).await.status, 429);
+    limiter
+        .reset_named("axum_limitTest3", "ip:127.0.0.2")
+        .await
+        .unwrap();
+    assert_eq!(get_from(TWO, addr, "/limitTest3", &[]).await.status, 200);
+    let unknown = limiter.reset_named("no-such-rule", "").await.unwrap_err();
+    assert!(unknown.to_string().contains("axum_api"), "{unknown}");
+}
+
+/// Responses the layer is told not to count (5xx here) give their units
+/// back: a failing backend does not use up the client's budget.
+#[tokio::test]
+async fn the_layer_gives_back_the_units_of_server_errors() {
+    let app = Router::new()
+        .route("/fails", get(|| async { StatusCode::BAD_GATEWAY }))
+        .route("/works", get(|| async { "ok" }))
+        .layer(
+            RateLimitLayer::new(Rule::fixed_window(2, Duration::from_secs(60)))
+                .key("axum_refund_5xx")
+                .by_ip()
+                .refund_if(|status| status >= 500),
+        )
+        .layer(Extension(RateLimiter::in_memory()));
+    let addr = serve(app).await;
+    for _ in 0..5 {
+        assert_eq!(get_from(ONE, addr, "/fails", &[]).await.status, 502);
+    }
+    let statuses = [
+        get_from(ONE, addr, "/works", &[]).await.status,
+        get_from(ONE, addr, "/works", &[]).await.status,
+        get_from(ONE, addr, "/works", &[]).await.status,
+    ];
+    assert_eq!(statuses, [200, 200, 429], "the failures cost nothing");
+}

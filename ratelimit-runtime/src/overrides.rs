@@ -102,7 +102,7 @@ pub(crate) fn unregister(name: &str, rule: Rule) {
 
 /// Each rule written under `name` (call sites and middleware may share a
 /// name with different rules), with the most units one call under it takes.
-fn rules_named(name: &str) -> Vec<(Rule, u64)> {
+pub(crate) fn rules_named(name: &str) -> Vec<(Rule, u64)> {
     let mut found: Vec<(Rule, u64)> = Vec::new();
     let mut add = |rule: Rule, cost: u64| match found.iter_mut().find(|(r, _)| *r == rule) {
         Some((_, most)) => *most = (*most).max(cost),

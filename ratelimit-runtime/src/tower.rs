@@ -143,7 +143,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
     ReqBody: Send + 'static,
-    ResBody: Body<Data = bytes::Bytes>,
+    ResBody: Body<Data = bytes::Bytes> + Send,
 {
     type Response = Response<LimitedBody<ResBody>>;
     type Error = S::Error;
@@ -211,6 +211,10 @@ where
             let mut response = inner.call(req).await?;
             // A concurrency lease is held until the response is produced.
             drop(held);
+            layer
+                .inner
+                .settle(&site, limiter, &key, response.status().as_u16())
+                .await;
             append(response.headers_mut(), fields);
             Ok(response.map(Either::Left))
         })

@@ -127,8 +127,8 @@ where
                     return Ok(req.into_response(response(refusal)).map_into_right_body());
                 }
             };
-            let limiter = limiter_for(req.request());
-            let checked = pipeline::check_on(&site, Some(limiter), &key).await;
+            let limiter = limiter_for(req.request()).clone();
+            let checked = pipeline::check_on(&site, Some(&limiter), &key).await;
             let held = match checked {
                 Ok(held) => held,
                 Err(limited) => {
@@ -140,6 +140,9 @@ where
             let mut response = service.call(req).await?;
             // A concurrency lease is held until the response is produced.
             drop(held);
+            config
+                .settle(&site, &limiter, &key, response.status().as_u16())
+                .await;
             append(response.response_mut(), fields);
             Ok(response.map_into_left_body())
         })

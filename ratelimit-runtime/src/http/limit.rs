@@ -43,6 +43,8 @@ pub(crate) struct Limit<K> {
     exempt_keys: Vec<String>,
     /// The exempt keys that are addresses (for `by_ip`).
     exempt_ips: Vec<IpAddr>,
+    /// Which response statuses give the request's units back.
+    pub(crate) refund_if: Option<Arc<dyn Fn(u16) -> bool + Send + Sync>>,
 }
 
 /// What a middleware does with a request.
@@ -71,6 +73,30 @@ impl<K> Limit<K> {
             exempt_paths: Vec::new(),
             exempt_keys: Vec::new(),
             exempt_ips: Vec::new(),
+            refund_if: None,
+        }
+    }
+
+    /// Gives the units of a request under `key` back when its response's
+    /// `status` says so (not for a concurrency rule: its lease is given back
+    /// anyway).
+    pub(crate) async fn settle(
+        &self,
+        site: &Site,
+        limiter: &crate::RateLimiter,
+        key: &str,
+        status: u16,
+    ) {
+        let Some(refund_if) = &self.refund_if else {
+            return;
+        };
+        if !refund_if(status) || self.rule.algorithm() == crate::Algorithm::Concurrency {
+            return;
+        }
+        let rule =
+            crate::overrides::effective(site.name, &self.rule, false).map_or(self.rule, |(r, _)| r);
+        if let Err(error) = limiter.refund(&rule, key, self.cost).await {
+            tracing::debug!(%error, key, "could not give back a request's units");
         }
     }
 
@@ -256,6 +282,13 @@ macro_rules! limit_builder {
             /// setting).
             pub fn on_error(self, on_error: $crate::OnError) -> $ty {
                 self.with(|m| m.on_error = Some(on_error))
+            }
+
+            /// Give a request's units back when its response's status
+            /// makes `refund_if` say so: `.refund_if(|status| status >= 500)`
+            /// counts no request that failed on the server's side.
+            pub fn refund_if(self, refund_if: impl Fn(u16) -> bool + Send + Sync + 'static) -> $ty {
+                self.with(|m| m.refund_if = Some(::std::sync::Arc::new(refund_if)))
             }
 
             /// Requests for the path `prefix` or below it are not limited,

@@ -323,6 +323,14 @@ impl HttpOptions {
         self
     }
 
+    /// The subject a `by = header("name")` rule keeps `value`'s budget
+    /// under, for [`RateLimiter::reset_named`](crate::RateLimiter::reset_named)
+    /// and the like: `header:name:#<digest>`, with these options' secret.
+    pub fn subject_of_header(&self, name: &str, value: &str) -> String {
+        let name = name.to_ascii_lowercase();
+        self.header_subject(&name, Some(value.as_bytes()))[1..].to_owned()
+    }
+
     /// The key's subject for `by = header("name")`:
     /// `:header:name:#<digest>` of the value (empty value when the request
     /// has none: such requests share one budget). The value itself is never
