@@ -602,3 +602,46 @@ async fn the_layer_gives_back_the_units_of_server_errors() {
     ];
     assert_eq!(statuses, [200, 200, 429], "the failures cost nothing");
 }
+
+/// The app builds refusals itself, for attribute handlers and the layer
+/// alike; `Retry-After` and the rate-limit fields are added unless it
+/// says not to.
+#[tokio::test]
+async fn refusals_the_app_builds_itself() {
+    use ratelimit_runtime::http::{Refusal, StatusCode as Status};
+    let custom = |standard| {
+        HttpOptions::new().on_refusal(
+            |limited: &RateLimited| Refusal {
+                status: Status::SERVICE_UNAVAILABLE,
+                headers: vec![("content-type", "application/problem+json".to_owned())],
+                body: format!(r#"{{"wait":{}}}"#, limited.retry_after_secs()),
+            },
+            standard,
+        )
+    };
+    for standard in [true, false] {
+        let layered = Router::new().route("/l", get(|| async { "ok" })).layer(
+            RateLimitLayer::new(Rule::fixed_window(1, Duration::from_secs(10)))
+                .key("axum_custom_layer"),
+        );
+        let app = router()
+            .merge(layered)
+            .layer(Extension(RateLimiter::in_memory()))
+            .layer(Extension(custom(standard)));
+        let addr = serve(app).await;
+        for path in ["/limitTest", "/l"] {
+            let mut reply = get_from(ONE, addr, path, &[]).await;
+            while reply.status == 200 {
+                reply = get_from(ONE, addr, path, &[]).await;
+            }
+            assert_eq!(reply.status, 503, "{path}");
+            assert_eq!(
+                reply.header("content-type"),
+                Some("application/problem+json")
+            );
+            assert!(reply.body.starts_with(r#"{"wait":"#), "{reply:?}");
+            assert_eq!(reply.header("retry-after").is_some(), standard, "{path}");
+            assert_eq!(reply.header("ratelimit").is_some(), standard, "{path}");
+        }
+    }
+}

@@ -96,6 +96,62 @@ pub struct Refusal {
 /// The response for `limited`, with the rate-limit fields of `passed` (the
 /// rules the call went through before it) and of the refusing rule.
 pub fn refusal(limited: &RateLimited, passed: &[Report], options: &HttpOptions) -> Refusal {
+    let Some(custom) = &options.refusal else {
+        return standard(limited, passed, options);
+    };
+    let mut refusal = custom.build(limited);
+    if custom.standard_headers {
+        // `Retry-After` and the rate-limit fields, unless it set them.
+        let fields = standard(limited, passed, options).headers;
+        for (name, value) in fields {
+            if name != CONTENT_TYPE
+                && !refusal
+                    .headers
+                    .iter()
+                    .any(|(n, _)| n.eq_ignore_ascii_case(name))
+            {
+                refusal.headers.push((name, value));
+            }
+        }
+    }
+    refusal
+}
+
+/// A refusal the app builds itself, from the `RateLimited`
+/// ([`HttpOptions::on_refusal`]).
+#[derive(Clone)]
+pub(crate) struct CustomRefusal {
+    build: std::sync::Arc<dyn Fn(&RateLimited) -> Refusal + Send + Sync>,
+    /// Whether `Retry-After` and the rate-limit fields are added to it.
+    pub(crate) standard_headers: bool,
+}
+
+impl CustomRefusal {
+    pub(crate) fn new(
+        build: impl Fn(&RateLimited) -> Refusal + Send + Sync + 'static,
+        standard_headers: bool,
+    ) -> CustomRefusal {
+        CustomRefusal {
+            build: std::sync::Arc::new(build),
+            standard_headers,
+        }
+    }
+
+    fn build(&self, limited: &RateLimited) -> Refusal {
+        (self.build)(limited)
+    }
+}
+
+impl std::fmt::Debug for CustomRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CustomRefusal")
+            .field("standard_headers", &self.standard_headers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The crate's own refusal.
+fn standard(limited: &RateLimited, passed: &[Report], options: &HttpOptions) -> Refusal {
     let status = match limited.cause {
         Cause::OverLimit => StatusCode::TOO_MANY_REQUESTS,
         Cause::BackendUnavailable => StatusCode::SERVICE_UNAVAILABLE,

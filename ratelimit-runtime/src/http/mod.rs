@@ -17,6 +17,7 @@ pub(crate) mod limit;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
+pub use ::http::StatusCode;
 #[cfg(any(feature = "actix", feature = "axum"))]
 pub(crate) use handler::ReplyKind;
 #[cfg(any(feature = "actix", feature = "axum"))]
@@ -69,6 +70,7 @@ pub struct HttpOptions {
     /// addresses when `digest_ips`).
     secret: std::sync::Arc<[u8]>,
     digest_ips: bool,
+    pub(crate) refusal: Option<headers::CustomRefusal>,
 }
 
 /// Which forwarding header names the client when the peer is a trusted
@@ -161,6 +163,7 @@ impl Default for HttpOptions {
             trusted: std::sync::Arc::new([]),
             secret: std::sync::Arc::from(crate::keys::DEFAULT_SECRET),
             digest_ips: false,
+            refusal: None,
             ipv6_prefix: 64,
             client_header: ClientHeader::Any,
             unknown_client: UnknownClient::Reject,
@@ -313,6 +316,34 @@ impl HttpOptions {
     /// found by guessing.
     pub fn key_secret(mut self, secret: impl AsRef<[u8]>) -> HttpOptions {
         self.secret = std::sync::Arc::from(secret.as_ref());
+        self
+    }
+
+    /// Build refusals yourself: `build` makes the response (any status,
+    /// fields and body) from the `RateLimited`, for `#[rate_limit]` handlers
+    /// without a fallback, the actix middleware and the tower layer. With
+    /// `standard_headers`, `Retry-After` and the rate-limit fields are added
+    /// to it (those it does not set itself).
+    ///
+    /// ```
+    /// use ratelimit_runtime::HttpOptions;
+    /// use ratelimit_runtime::http::{Refusal, StatusCode};
+    ///
+    /// let options = HttpOptions::new().on_refusal(
+    ///     |limited| Refusal {
+    ///         status: StatusCode::TOO_MANY_REQUESTS,
+    ///         headers: vec![("content-type", "text/html".to_owned())],
+    ///         body: format!("<p>Slow down: {} s</p>", limited.retry_after_secs()),
+    ///     },
+    ///     true,
+    /// );
+    /// ```
+    pub fn on_refusal(
+        mut self,
+        build: impl Fn(&crate::RateLimited) -> Refusal + Send + Sync + 'static,
+        standard_headers: bool,
+    ) -> HttpOptions {
+        self.refusal = Some(headers::CustomRefusal::new(build, standard_headers));
         self
     }
 
