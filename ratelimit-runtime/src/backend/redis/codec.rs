@@ -38,7 +38,7 @@
 //! | sliding window | string | `"rl\x01W"` + (window start µs, current count, previous count) |
 //! | token bucket | string | `"rl\x01T"` + (tokens in fixed point, last update µs) |
 //! | GCRA | string | `"rl\x01G"` + (theoretical arrival µs, remainder in 1/count µs) |
-//! | concurrency | sorted set | a member per lease (`"<id>"`, or `"<id>:<units>"`), scored by its expiry (µs); the marks `"rl\x01C"` (minus the units held) and `"rl\x01E"` (minus the end of the key's TTL) |
+//! | concurrency | sorted set | a member per lease (`"<id>"`, or `"<id>:<units>"`), scored by its expiry (µs); the marks `"rl\x01C"` (minus the units beyond one of the leases that take several) and `"rl\x01E"` (minus the end of the key's TTL) |
 //!
 //! Numbers after the header are big-endian doubles. No call's work grows
 //! with its cost: a call is one member whatever it costs.

@@ -5,14 +5,19 @@
 -- key  sorted set of leases: member "<id>" (one unit) or "<id>:<units>",
 --      scored by when it expires (µs); and two marks, scored at or below 0
 --      so that no count, trim or lookup of leases (all scored above 0) sees
---      them: LEASES, scored minus the units of the leases in the set (so a
---      check reads what is held in O(1), whatever the costs), and EPOCH,
+--      them: EXTRA, scored minus the units beyond one of the leases that
+--      take several (0 when every lease takes one, as most do), and EPOCH,
 --      scored minus the time (µs) the key's TTL was last set to end at.
---      LEASES also marks the set as ours: a key without it holds nothing of
+--      EXTRA also marks the set as ours: a key without it holds nothing of
 --      ours, and is replaced.
 --
--- Leases scored up to `now` are dead: at each acquire they are trimmed and
--- their units taken off LEASES, so what is held is exact.
+-- What is held is the live leases (ZCOUNT, O(log n)) plus EXTRA: a call's
+-- work does not grow with its cost. Leases scored up to `now` are dead and
+-- never counted. With no lease of several units, they need not be removed
+-- at every call: they are trimmed at a refusal and at about one acquire in
+-- ten (the lease id's last digit, random). A dead lease of several units
+-- takes its extra units with it: while EXTRA is above 0, every acquire
+-- trims the dead leases first, so what is held is exact.
 --
 -- The key lives until the end of the period after the current one: every
 -- lease taken in this period expires before then. So the TTL is set only
@@ -20,7 +25,7 @@
 -- each period, and when an override lengthened the period), which EPOCH
 -- tells. An end that is not later (a shortened period) leaves the TTL as
 -- it is, so the key lives at least as long as its longest live lease.
-local LEASES, EPOCH = header('C'), header('E')
+local EXTRA, EPOCH = header('C'), header('E')
 -- How many leases a retry time is looked for among: past them (a cost that
 -- waits for more leases than that to end), the time the last lease ends, by
 -- when all have. The memory backend does the same.
@@ -35,40 +40,51 @@ local function lease_units(member)
 end
 
 local function concurrency(key, now, slack, count, burst, period, cost, lease)
-    local marks = redis_pcall('ZMSCORE', key, LEASES, EPOCH)
-    -- Dead leases still stored (a peek does not trim them): first in the set.
-    local held, epoch, trimmed, stale = 0, nil, false, 0
-    if marks[1] then
-        held, epoch = -tonumber(marks[1]), marks[2] and -tonumber(marks[2])
-        local dead = redis_call('ZRANGEBYSCORE', key, '(0', text(now))
-        if #dead > 0 then
-            -- Holders that died: their units come back.
-            for i = 1, #dead do held = held - lease_units(dead[i]) end
-            write('ZREMRANGEBYSCORE', key, '(0', text(now))
-            trimmed = true
-            if dry then stale = #dead end
+    local marks = redis_pcall('ZMSCORE', key, EXTRA, EPOCH)
+    local ours = marks[1] and true or false
+    local extra, epoch, trimmed = 0, nil, false
+    if ours then
+        extra, epoch = -tonumber(marks[1]), marks[2] and -tonumber(marks[2])
+        if extra > 0 then
+            -- Dead leases of several units give their extra units back.
+            local dead = redis_call('ZRANGEBYSCORE', key, '(0', text(now))
+            if #dead > 0 then
+                for i = 1, #dead do extra = extra - (lease_units(dead[i]) - 1) end
+                write('ZREMRANGEBYSCORE', key, '(0', text(now))
+                trimmed = true
+            end
         end
     else
         -- Nothing of ours (another algorithm's state, or anything else): a
         -- fresh start, as the memory backend makes.
         write('DEL', key)
     end
+    local live = above(now)
+    local held = extra
+    if ours then held = held + redis_call('ZCOUNT', key, live, '+inf') end
     local allowed = 0
     if held + cost <= count then
         allowed = 1
         local ends = (idiv(now, period) + 2) * period
-        local member = lease_member(lease, cost)
-        if epoch and epoch >= ends then
-            write('ZADD', key, text(now + period), member, text(-(held + cost)), LEASES)
-        else
+        local args = {text(now + period), lease_member(lease, cost)}
+        if cost > 1 or trimmed or not ours then
+            args[3], args[4] = text(-(extra + cost - 1)), EXTRA
+        end
+        local later = not (epoch and epoch >= ends)
+        if later then
             -- A later end than the key had (or a new key).
-            write('ZADD', key, text(now + period), member, text(-(held + cost)), LEASES,
-                text(-ends), EPOCH)
+            args[#args + 1], args[#args + 2] = text(-ends), EPOCH
+        end
+        write('ZADD', key, unpack(args))
+        if later then
             write('PEXPIRE', key, text(math.ceil((ends - now) / 1000) + slack))
         end
         held = held + cost
     elseif trimmed then
-        write('ZADD', key, text(-held), LEASES)
+        write('ZADD', key, text(-extra), EXTRA)
+    end
+    if ours and extra == 0 and (allowed == 0 or string_byte(lease, -1) == 48) then
+        write('ZREMRANGEBYSCORE', key, '(0', text(now))
     end
 
     local remaining = math.max(count - held, 0)
@@ -81,12 +97,11 @@ local function concurrency(key, now, slack, count, burst, period, cost, lease)
     local retry = 0
     if remaining < cost then
         -- The live lease holding unit number `held + cost - count` (1-based)
-        -- must go first. Live leases are all of the set past its two marks
-        -- (and the dead ones a peek left).
-        local want, rank = held + cost - count, 2 + stale
-        local stop = rank + LEASE_WALK
-        while rank < stop and not (retry > 0) do
-            local page = redis_call('ZRANGE', key, text(rank), text(rank + 63), 'WITHSCORES')
+        -- must go first: looked for among the first LEASE_WALK live ones.
+        local want, offset = held + cost - count, 0
+        while offset < LEASE_WALK and not (retry > 0) do
+            local page = redis_call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES',
+                'LIMIT', text(offset), '64')
             if #page == 0 then break end
             for i = 1, #page, 2 do
                 want = want - lease_units(page[i])
@@ -95,7 +110,7 @@ local function concurrency(key, now, slack, count, burst, period, cost, lease)
                     break
                 end
             end
-            rank = rank + 64
+            offset = offset + 64
         end
         if not (retry > 0) then
             -- Past the leases walked: by when the last lease ends (the one
@@ -114,7 +129,7 @@ end
 -- there is dropped, not raised, so the checks that share the batch still
 -- run.
 local function release(key, cost, lease)
-    if redis_pcall('ZREM', key, lease_member(lease, cost)) == 1 then
-        redis_call('ZADD', key, 'XX', 'INCR', text(cost), LEASES)
+    if redis_pcall('ZREM', key, lease_member(lease, cost)) == 1 and cost > 1 then
+        redis_call('ZADD', key, 'XX', 'INCR', text(cost - 1), EXTRA)
     end
 end

@@ -14,12 +14,17 @@ local function fixed_window(key, now, slack, count, burst, period, cost)
     if used + cost > count then
         return 0, math.max(count - used, 0), reset, reset
     end
+    if used == 0 then
+        -- A new window: the key lives exactly as long as it (+ slack when
+        -- the caller fixes the time).
+        write('SET', key, FIXED_WINDOW .. struct_pack('>dd', cost, ends),
+            'PX', text(math.ceil(reset / 1000) + slack))
+    else
+        -- The same window: only the count changes, in place. The state was
+        -- ours (its header said so), written with its TTL, which stays.
+        write('SETRANGE', key, '4', struct_pack('>d', used + cost))
+    end
     used = used + cost
-    -- The key lives exactly as long as its window (+ slack when the caller
-    -- fixes the time); every write sets it, so no write leaves a key
-    -- without a TTL.
-    write('SET', key, FIXED_WINDOW .. struct_pack('>dd', used, ends),
-        'PX', text(math.ceil(reset / 1000) + slack))
     local remaining = count - used
     local retry = 0
     if remaining < cost then retry = reset end
