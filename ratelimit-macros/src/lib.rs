@@ -10,7 +10,7 @@ mod options;
 use proc_macro::TokenStream;
 
 /// Limits how often an `async fn` runs: the budget is checked and consumed
-/// before the body, and a rejected call takes the demote path instead.
+/// before the body, and a rejected call is answered without running the body (an error, a 429, or the fallback).
 ///
 /// # Syntax
 ///
@@ -44,7 +44,7 @@ use proc_macro::TokenStream;
 ///   an error for the other algorithms.
 /// - `cost = N`: units one call takes (default 1); over the capacity
 ///   (`burst` or `count`) is a compile error.
-/// - `fallback = path`: the demote path: an `async fn` called with the fn's
+/// - `fallback = path`: what a refused call answers instead of running the body: an `async fn` called with the fn's
 ///   own arguments (`self` first for methods) and a `RateLimited`, returning
 ///   the fn's return type.
 /// - `on_error = allow | deny | local`: when the backend fails or times out,
