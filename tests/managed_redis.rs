@@ -173,3 +173,24 @@ async fn a_client_connection_manager_or_cluster_client_of_your_own() {
         .unwrap();
     counts(&from_cluster, "limiter:own-cluster").await;
 }
+
+/// A Redis Cluster over TLS (`rediss://` nodes, a private authority): the
+/// limiter learns the nodes' TLS endpoints and counts on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls_counts() {
+    let ca = TestCa::new();
+    let (_cluster, tls_ports) = RedisCluster::start_tls(&ca);
+    let urls: Vec<String> = tls_ports
+        .iter()
+        .map(|port| format!("rediss://127.0.0.1:{port}/"))
+        .collect();
+    let limiter = builder()
+        .redis_cluster(urls)
+        .tls_root_certificate(ca.ca_pem())
+        .build()
+        .await
+        .expect("a TLS cluster connection");
+    for n in 0..8 {
+        counts(&limiter, &format!("limiter:tls-cluster:{n}")).await;
+    }
+}

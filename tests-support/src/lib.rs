@@ -347,23 +347,48 @@ impl RedisCluster {
     /// If redis-server or redis-cli is missing (the message says how to
     /// install them), or the cluster does not form within 30 s.
     pub fn start() -> RedisCluster {
+        RedisCluster::start_with(Vec::new)
+    }
+
+    /// [`start`](Self::start) with each node also listening with TLS (a
+    /// certificate `ca` signed) and talking TLS on the cluster bus; returns
+    /// the cluster and each node's TLS port.
+    pub fn start_tls(ca: &TestCa) -> (RedisCluster, Vec<u16>) {
+        let ports = std::sync::Mutex::new(Vec::new());
+        let cluster = RedisCluster::start_with(|| {
+            let port = free_port();
+            ports.lock().unwrap().push(port);
+            let mut args = vec![
+                "--tls-cluster".to_owned(),
+                "yes".to_owned(),
+                "--tls-replication".to_owned(),
+                "yes".to_owned(),
+            ];
+            args.extend(ca.server_args(port));
+            args
+        });
+        let ports = ports.into_inner().unwrap();
+        (cluster, ports)
+    }
+
+    fn start_with(extra: impl Fn() -> Vec<String>) -> RedisCluster {
         let nodes: Vec<RedisServer> = (0..6)
             .map(|_| {
-                RedisServer::start_with(
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-node-timeout",
-                        "1000",
-                        // A replica may take over however recently it synced
-                        // (a fresh test cluster would otherwise refuse).
-                        "--cluster-replica-validity-factor",
-                        "0",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                    ],
-                    free_cluster_port,
-                )
+                let extra = extra();
+                let mut args: Vec<&str> = vec![
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-node-timeout",
+                    "1000",
+                    // A replica may take over however recently it synced
+                    // (a fresh test cluster would otherwise refuse).
+                    "--cluster-replica-validity-factor",
+                    "0",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                ];
+                args.extend(extra.iter().map(String::as_str));
+                RedisServer::start_with(&args, free_cluster_port)
             })
             .collect();
         let addresses: Vec<String> = nodes

@@ -102,6 +102,24 @@ impl TestCa {
         std::fs::read(self.dir.join("ca.crt")).expect("the CA certificate")
     }
 
+    /// A server's arguments to listen with TLS on `port`, with this
+    /// authority's server certificate (clients are not asked for one).
+    pub fn server_args(&self, port: u16) -> Vec<String> {
+        [
+            "--tls-port".to_owned(),
+            port.to_string(),
+            "--tls-cert-file".to_owned(),
+            self.path("server.crt"),
+            "--tls-key-file".to_owned(),
+            self.path("server.key"),
+            "--tls-ca-cert-file".to_owned(),
+            self.path("ca.crt"),
+            "--tls-auth-clients".to_owned(),
+            "no".to_owned(),
+        ]
+        .to_vec()
+    }
+
     fn path(&self, name: &str) -> String {
         self.dir.join(name).display().to_string()
     }
@@ -147,24 +165,9 @@ impl TlsServer {
     /// Starts it.
     pub fn start(ca: &TestCa) -> TlsServer {
         let tls_port = free_port();
-        let (port, cert, key, root) = (
-            tls_port.to_string(),
-            ca.path("server.crt"),
-            ca.path("server.key"),
-            ca.path("ca.crt"),
-        );
-        let server = RedisServer::start_with_args(&[
-            "--tls-port",
-            &port,
-            "--tls-cert-file",
-            &cert,
-            "--tls-key-file",
-            &key,
-            "--tls-ca-cert-file",
-            &root,
-            "--tls-auth-clients",
-            "no",
-        ]);
+        let args = ca.server_args(tls_port);
+        let server =
+            RedisServer::start_with_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
         TlsServer { server, tls_port }
     }
 
