@@ -520,3 +520,39 @@ async fn the_middleware_gives_back_the_units_of_server_errors() {
     }
     assert_eq!(statuses, [200, 200, 429], "the failures cost nothing");
 }
+
+/// The middleware picks a tier per request too.
+#[actix_web::test]
+async fn the_middleware_picks_a_tier_per_request() {
+    use ratelimit_runtime::http::Tiers;
+
+    let plans = Tiers::new().tier("actix_pro", Rule::fixed_window(3, Duration::from_secs(10)));
+    let middleware = RateLimit::new(Rule::fixed_window(1, Duration::from_secs(10)))
+        .key("actix_tiered")
+        .by_ip()
+        .tiers(plans, |req| {
+            let plan = req.headers().get("x-plan")?.to_str().ok()?;
+            Some(format!("actix_{plan}"))
+        });
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(RateLimiter::in_memory())
+            .wrap(middleware.clone())
+            .route("/t", web::get().to(|| async { "ok" }))
+    })
+    .workers(1)
+    .bind((Ipv4Addr::LOCALHOST, 0))
+    .unwrap();
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    let mut pro = Vec::new();
+    for _ in 0..4 {
+        pro.push(get_from(ONE, addr, "/t", &[("x-plan", "pro")]).await.status);
+    }
+    assert_eq!(pro, [200, 200, 200, 429]);
+    let mut plain = Vec::new();
+    for _ in 0..2 {
+        plain.push(get_from(TWO, addr, "/t", &[]).await.status);
+    }
+    assert_eq!(plain, [200, 429], "no plan: the middleware's own rule");
+}

@@ -645,3 +645,63 @@ async fn refusals_the_app_builds_itself() {
         }
     }
 }
+
+/// Rules chosen per request: the plan a header names picks a tier of the
+/// table, each its own rule and name (for `reset_named` too); no plan, or
+/// one not in the table, leaves the layer's own rule.
+#[tokio::test]
+async fn the_layer_picks_a_tier_per_request() {
+    use ratelimit_runtime::http::Tiers;
+
+    let limiter = RateLimiter::in_memory();
+    let plans = Tiers::new()
+        .tier("axum_free", Rule::fixed_window(1, Duration::from_secs(10)))
+        .tier(
+            String::from("axum_pro"),
+            Rule::fixed_window(3, Duration::from_secs(10)),
+        );
+    let app = Router::new()
+        .route("/t", get(|| async { "ok" }))
+        .layer(
+            RateLimitLayer::new(Rule::fixed_window(2, Duration::from_secs(10)))
+                .key("axum_tiered")
+                .by_header("x-api-key")
+                .tiers(plans, |parts| {
+                    let plan = parts.headers.get("x-plan")?.to_str().ok()?;
+                    Some(format!("axum_{plan}"))
+                }),
+        )
+        .layer(Extension(limiter.clone()));
+    let addr = serve(app).await;
+    let statuses = |headers: &'static [(&'static str, &'static str)]| async move {
+        let mut out = Vec::new();
+        for _ in 0..4 {
+            out.push(get_from(ONE, addr, "/t", headers).await.status);
+        }
+        out
+    };
+    let pro = &[("x-api-key", "a"), ("x-plan", "pro")];
+    assert_eq!(statuses(pro).await, [200, 200, 200, 429]);
+    assert_eq!(
+        statuses(&[("x-api-key", "b"), ("x-plan", "free")]).await,
+        [200, 429, 429, 429]
+    );
+    assert_eq!(
+        statuses(&[("x-api-key", "c")]).await,
+        [200, 200, 429, 429],
+        "no plan"
+    );
+    assert_eq!(
+        statuses(&[("x-api-key", "d"), ("x-plan", "gold")]).await,
+        [200, 200, 429, 429]
+    );
+    // The tier is a rule of its own name.
+    let refused = get_from(ONE, addr, "/t", pro).await;
+    assert!(
+        refused.header("ratelimit").unwrap().contains("axum_pro"),
+        "{refused:?}"
+    );
+    let subject = HttpOptions::new().subject_of_header("x-api-key", "a");
+    limiter.reset_named("axum_pro", &subject).await.unwrap();
+    assert_eq!(get_from(ONE, addr, "/t", pro).await.status, 200);
+}

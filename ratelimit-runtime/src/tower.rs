@@ -17,9 +17,10 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::RateLimiter;
-use crate::http::limit::{By, Limit, Verdict, limit_builder};
+use crate::http::Tiers;
+use crate::http::limit::{By, Limit, Sites, Verdict, limit_builder};
 use crate::http::{HttpOptions, Refusal, append, rate_limit_headers, refusal};
-use crate::pipeline::{self, Site};
+use crate::pipeline;
 
 /// A closure that names a request's budget.
 type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
@@ -85,6 +86,19 @@ impl RateLimitLayer {
         self.with(|m| m.by = By::Key(Arc::new(key)))
     }
 
+    /// Rules chosen per request: `pick` names a tier of `tiers` from the
+    /// request's head (a plan from an API key, a header), whose rule then
+    /// decides, under its own name; `None`, or a name not in the table,
+    /// leaves the layer's own rule. The subject (`by_ip`, `by_header`,
+    /// `by_key`) is the same.
+    pub fn tiers(
+        self,
+        tiers: Tiers,
+        pick: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.with(|m| m.tiers = Some((tiers, Arc::new(pick))))
+    }
+
     /// The limiter to use (instead of a request extension or the global one).
     pub fn limiter(mut self, limiter: RateLimiter) -> Self {
         self.limiter = Some(limiter);
@@ -112,7 +126,7 @@ impl<S> Layer<S> for RateLimitLayer {
     fn layer(&self, inner: S) -> RateLimitService<S> {
         RateLimitService {
             inner,
-            site: Arc::new(self.inner.site()),
+            sites: Arc::new(Sites::new(&self.inner)),
             layer: self.clone(),
         }
     }
@@ -122,7 +136,7 @@ impl<S> Layer<S> for RateLimitLayer {
 #[derive(Clone)]
 pub struct RateLimitService<S> {
     inner: S,
-    site: Arc<Site>,
+    sites: Arc<Sites>,
     layer: RateLimitLayer,
 }
 
@@ -158,7 +172,7 @@ where
         // takes its place.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let (site, layer) = (Arc::clone(&self.site), self.layer.clone());
+        let (sites, layer) = (Arc::clone(&self.sites), self.layer.clone());
         Box::pin(async move {
             let (parts, body) = req.into_parts();
             let limiter = layer
@@ -175,7 +189,7 @@ where
             };
             let grpc = is_grpc(&parts.headers);
             let verdict = layer.inner.verdict(
-                &site,
+                &sites.own,
                 parts.uri.path(),
                 options,
                 || {
@@ -198,10 +212,12 @@ where
                     return Ok(refused(refusal(&limited, &[], options), grpc));
                 }
             };
-            let req = Request::from_parts(parts, body);
             let Some(key) = key else {
+                let req = Request::from_parts(parts, body);
                 return Ok(inner.call(req).await?.map(Either::Left));
             };
+            let (site, key) = sites.choose(&layer.inner, key, |pick| pick(&parts));
+            let req = Request::from_parts(parts, body);
             let limiter = limiter.as_ref().unwrap_or_else(|| RateLimiter::global());
             let held = match pipeline::check_on(&site, Some(limiter), &key).await {
                 Ok(held) => held,

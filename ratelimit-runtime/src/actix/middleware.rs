@@ -10,8 +10,9 @@ use actix_web::body::EitherBody;
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
 
 use super::{append, client_ip, limiter_for, options_for, response};
-use crate::http::limit::{By, Limit, Verdict, limit_builder};
-use crate::pipeline::{self, Site};
+use crate::http::Tiers;
+use crate::http::limit::{By, Limit, Sites, Verdict, limit_builder};
+use crate::pipeline;
 
 /// A closure that names a request's budget.
 type KeyFn = Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + Sync>;
@@ -55,6 +56,18 @@ impl RateLimit {
     ) -> RateLimit {
         self.with(|m| m.by = By::Key(Arc::new(key)))
     }
+
+    /// Rules chosen per request: `pick` names a tier of `tiers` (a plan
+    /// from an API key, a header), whose rule then decides, under its own
+    /// name; `None`, or a name not in the table, leaves the middleware's own
+    /// rule. The subject (`by_ip`, `by_header`, `by_key`) is the same.
+    pub fn tiers(
+        self,
+        tiers: Tiers,
+        pick: impl Fn(&ServiceRequest) -> Option<String> + Send + Sync + 'static,
+    ) -> RateLimit {
+        self.with(|m| m.tiers = Some((tiers, Arc::new(pick))))
+    }
 }
 
 impl<S, B> Transform<S, ServiceRequest> for RateLimit
@@ -71,7 +84,7 @@ where
     fn new_transform(&self, service: S) -> Self::Future {
         ready(Ok(RateLimitService {
             service: Rc::new(service),
-            site: Arc::new(self.inner.site()),
+            sites: Arc::new(Sites::new(&self.inner)),
             config: Arc::clone(&self.inner),
         }))
     }
@@ -80,7 +93,7 @@ where
 /// The service [`RateLimit`] wraps around an app, scope or resource.
 pub struct RateLimitService<S> {
     service: Rc<S>,
-    site: Arc<Site>,
+    sites: Arc<Sites>,
     config: Arc<Limit<KeyFn>>,
 }
 
@@ -103,7 +116,7 @@ where
 
     fn call(&self, req: ServiceRequest) -> Self::Future {
         let service = Rc::clone(&self.service);
-        let site = Arc::clone(&self.site);
+        let sites = Arc::clone(&self.sites);
         let config = Arc::clone(&self.config);
         Box::pin(async move {
             let pass = |req: ServiceRequest| {
@@ -112,7 +125,7 @@ where
             };
             let options = options_for(req.request());
             let verdict = config.verdict(
-                &site,
+                &sites.own,
                 req.path(),
                 options,
                 || client_ip(options, req.request()),
@@ -121,12 +134,13 @@ where
             );
             let key = match verdict {
                 Verdict::Pass => return pass(req).await,
-                Verdict::Check(key) => key,
+                Verdict::Check(key) => key.into_owned(),
                 Verdict::Refuse(limited) => {
                     let refusal = crate::http::refusal(&limited, &[], options);
                     return Ok(req.into_response(response(refusal)).map_into_right_body());
                 }
             };
+            let (site, key) = sites.choose(&config, key, |pick| pick(&req));
             let limiter = limiter_for(req.request()).clone();
             let checked = pipeline::check_on(&site, Some(&limiter), &key).await;
             let held = match checked {

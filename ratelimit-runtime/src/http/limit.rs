@@ -45,6 +45,96 @@ pub(crate) struct Limit<K> {
     exempt_ips: Vec<IpAddr>,
     /// Which response statuses give the request's units back.
     pub(crate) refund_if: Option<Arc<dyn Fn(u16) -> bool + Send + Sync>>,
+    /// Rules chosen per request: the table, and what picks a tier's name.
+    pub(crate) tiers: Option<(Tiers, K)>,
+}
+
+/// Rules chosen per request: named rules (a plan's, a tier's), one of which
+/// a closure picks for each request (see the middlewares' `tiers`). Each
+/// tier is a rule of its own to overrides, `reset_named` and the metrics,
+/// under its name; its budgets are keyed `limiter:<tier>` plus the subject.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit_runtime::{Rule, http::Tiers};
+///
+/// let plans = Tiers::new()
+///     .tier("free", Rule::fixed_window(100, Duration::from_secs(3600)))
+///     .tier(String::from("pro"), Rule::fixed_window(10_000, Duration::from_secs(3600)));
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct Tiers {
+    tiers: Vec<(&'static str, Rule)>,
+}
+
+impl Tiers {
+    /// An empty table.
+    pub fn new() -> Tiers {
+        Tiers::default()
+    }
+
+    /// Adds the tier `name` under `rule`. The name is kept for the life of
+    /// the program (a table is made once, at start-up).
+    pub fn tier(mut self, name: impl Into<String>, rule: Rule) -> Tiers {
+        let name: &'static str = Box::leak(name.into().into_boxed_str());
+        crate::overrides::register(name, rule, 1);
+        self.tiers.push((name, rule));
+        self
+    }
+
+    /// Each tier's site, with the middleware's cost and failure policy.
+    pub(crate) fn sites(&self, cost: u64, on_error: Option<OnError>) -> Vec<Site> {
+        self.tiers
+            .iter()
+            .map(|&(name, rule)| Site::new(name, rule, cost, None, on_error, false))
+            .collect()
+    }
+}
+
+/// The sites a middleware decides through: its own rule's, and each tier's.
+pub(crate) struct Sites {
+    pub(crate) own: Arc<Site>,
+    tiers: Vec<Arc<Site>>,
+}
+
+impl Sites {
+    pub(crate) fn new<K>(limit: &Limit<K>) -> Sites {
+        let tiers = limit
+            .tiers
+            .as_ref()
+            .map(|(tiers, _)| tiers.sites(limit.cost, limit.on_error))
+            .unwrap_or_default();
+        Sites {
+            own: Arc::new(limit.site()),
+            tiers: tiers.into_iter().map(Arc::new).collect(),
+        }
+    }
+
+    /// The site and key a request with `key` (its own rule's) is checked
+    /// under: its tier's, when the picker names one in the table.
+    pub(crate) fn choose<K>(
+        &self,
+        limit: &Limit<K>,
+        key: String,
+        pick: impl FnOnce(&K) -> Option<String>,
+    ) -> (Arc<Site>, String) {
+        let Some((_, picker)) = &limit.tiers else {
+            return (Arc::clone(&self.own), key);
+        };
+        let Some(tier) = pick(picker) else {
+            return (Arc::clone(&self.own), key);
+        };
+        match self.tiers.iter().find(|site| site.name == tier) {
+            Some(site) => {
+                let subject = key.strip_prefix(limit.key.as_str()).unwrap_or_default();
+                (Arc::clone(site), format!("limiter:{}{subject}", site.name))
+            }
+            None => {
+                tracing::debug!(tier, "no such tier; the middleware's own rule applies");
+                (Arc::clone(&self.own), key)
+            }
+        }
+    }
 }
 
 /// What a middleware does with a request.
@@ -74,6 +164,7 @@ impl<K> Limit<K> {
             exempt_keys: Vec::new(),
             exempt_ips: Vec::new(),
             refund_if: None,
+            tiers: None,
         }
     }
 

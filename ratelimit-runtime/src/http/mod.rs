@@ -13,6 +13,8 @@ mod handler;
 mod headers;
 #[cfg(any(feature = "actix", feature = "tower"))]
 pub(crate) mod limit;
+#[cfg(any(feature = "actix", feature = "tower"))]
+pub use limit::Tiers;
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
