@@ -40,11 +40,11 @@ local function lease_units(member)
 end
 
 local function concurrency(key, now, slack, count, burst, period, cost, lease)
-    local marks = redis_pcall('ZMSCORE', key, EXTRA, EPOCH)
-    local ours = marks[1] and true or false
-    local extra, epoch, trimmed = 0, nil, false
+    local mark = redis_pcall('ZSCORE', key, EXTRA)
+    local ours = type(mark) == 'string'
+    local extra, trimmed = 0, false
     if ours then
-        extra, epoch = -tonumber(marks[1]), marks[2] and -tonumber(marks[2])
+        extra = -tonumber(mark)
         if extra > 0 then
             -- Dead leases of several units give their extra units back.
             local dead = redis_call('ZRANGEBYSCORE', key, '(0', text(now))
@@ -66,17 +66,20 @@ local function concurrency(key, now, slack, count, burst, period, cost, lease)
     if held + cost <= count then
         allowed = 1
         local ends = (idiv(now, period) + 2) * period
-        local args = {text(now + period), lease_member(lease, cost)}
-        if cost > 1 or trimmed or not ours then
-            args[3], args[4] = text(-(extra + cost - 1)), EXTRA
+        -- LT: EPOCH moves only to a later end (a lower score); CH counts
+        -- it when it did, so the TTL is set only then.
+        local args = {'LT', 'CH', text(now + period), lease_member(lease, cost), text(-ends), EPOCH}
+        local changes = 1
+        if trimmed then
+            -- Fewer extra units than stored: LT would keep the old score.
+            write('ZADD', key, text(-(extra + cost - 1)), EXTRA)
+        elseif cost > 1 or not ours then
+            -- More (or a new mark): LT lets it through, CH counts it.
+            args[7], args[8] = text(-(extra + cost - 1)), EXTRA
+            changes = 2
         end
-        local later = not (epoch and epoch >= ends)
-        if later then
+        if write('ZADD', key, unpack(args)) ~= changes then
             -- A later end than the key had (or a new key).
-            args[#args + 1], args[#args + 2] = text(-ends), EPOCH
-        end
-        write('ZADD', key, unpack(args))
-        if later then
             write('PEXPIRE', key, text(math.ceil((ends - now) / 1000) + slack))
         end
         held = held + cost
