@@ -207,7 +207,7 @@ where
             );
             let key = match verdict {
                 Verdict::Pass => None,
-                Verdict::Check(key) => Some(key.into_owned()),
+                Verdict::Check(key) => Some(key),
                 Verdict::Refuse(limited) => {
                     return Ok(refused(refusal(&limited, &[], options), grpc));
                 }

@@ -134,7 +134,7 @@ where
             );
             let key = match verdict {
                 Verdict::Pass => return pass(req).await,
-                Verdict::Check(key) => key.into_owned(),
+                Verdict::Check(key) => key,
                 Verdict::Refuse(limited) => {
                     let refusal = crate::http::refusal(&limited, &[], options);
                     return Ok(req.into_response(response(refusal)).map_into_right_body());

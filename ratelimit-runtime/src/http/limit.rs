@@ -112,12 +112,12 @@ impl Sites {
 
     /// The site and key a request with `key` (its own rule's) is checked
     /// under: its tier's, when the picker names one in the table.
-    pub(crate) fn choose<K>(
+    pub(crate) fn choose<'a, K>(
         &self,
         limit: &Limit<K>,
-        key: String,
+        key: Cow<'a, str>,
         pick: impl FnOnce(&K) -> Option<String>,
-    ) -> (Arc<Site>, String) {
+    ) -> (Arc<Site>, Cow<'a, str>) {
         let Some((_, picker)) = &limit.tiers else {
             return (Arc::clone(&self.own), key);
         };
@@ -127,7 +127,10 @@ impl Sites {
         match self.tiers.iter().find(|site| site.name == tier) {
             Some(site) => {
                 let subject = key.strip_prefix(limit.key.as_str()).unwrap_or_default();
-                (Arc::clone(site), format!("limiter:{}{subject}", site.name))
+                (
+                    Arc::clone(site),
+                    Cow::Owned(format!("limiter:{}{subject}", site.name)),
+                )
             }
             None => {
                 tracing::debug!(tier, "no such tier; the middleware's own rule applies");

@@ -70,10 +70,15 @@ local function header(tag) return 'rl\1' .. tag end
 -- another type answers an error table, and MGET false: neither is a string
 -- of the state's length.
 local pending
-local function load(key, head, n)
+-- The value read ahead for this check, or read now.
+local function take_pending(key)
     local stored = pending
     if stored == nil then stored = redis_pcall('GET', key) end
     pending = nil
+    return stored
+end
+local function load(key, head, n)
+    local stored = take_pending(key)
     if type(stored) ~= 'string' or #stored ~= 4 + 8 * n then return nil end
     if n == 2 then
         local h, a, b = struct_unpack('>c4dd', stored)

@@ -75,6 +75,16 @@ local function log_window(key, now, period)
     return 0, through - units
 end
 
+-- The first rank in [lo, hi] whose call is counted through at least
+-- `want` units (a bisection: `through` grows with the rank).
+local function first_through(key, lo, hi, want)
+    while lo < hi do
+        local mid = math.floor((lo + hi) / 2)
+        if log_call(key, mid) >= want then hi = mid else lo = mid + 1 end
+    end
+    return lo
+end
+
 -- The sorted-set log, `last` the rank of its newest call (rank 0 is
 -- LOG_SET). Nil when nothing in it is live: the caller starts a string log.
 local function sliding_log_set(key, now, slack, count, period, cost, last)
@@ -107,12 +117,7 @@ local function sliding_log_set(key, now, slack, count, period, cost, last)
         if want > counted then
             retry = newest_at + period - now
         else
-            local lo, hi = gone + 1, last
-            while lo < hi do
-                local mid = math.floor((lo + hi) / 2)
-                if log_call(key, mid) >= want then hi = mid else lo = mid + 1 end
-            end
-            local _, _, at = log_call(key, lo)
+            local _, _, at = log_call(key, first_through(key, gone + 1, last, want))
             retry = at + period - now
         end
     end
@@ -122,9 +127,7 @@ end
 local function sliding_log(key, now, slack, count, burst, period, cost)
     -- The stored value as load() takes it (read ahead, or read here), but
     -- whole: a string log's length varies.
-    local stored = pending
-    if stored == nil then stored = redis_pcall('GET', key) end
-    pending = nil
+    local stored = take_pending(key)
     local at, held = string_log(stored, now, period)
     if not at then
         -- No string log: a sorted set of ours, or nothing (or anything else:
@@ -183,9 +186,7 @@ end
 -- Takes `units` back from the newest calls in the window (never more than
 -- it holds).
 local function sliding_log_refund(key, now, slack, count, burst, period, units)
-    local stored = pending
-    if stored == nil then stored = redis_pcall('GET', key) end
-    pending = nil
+    local stored = take_pending(key)
     local at, held = string_log(stored, now, period)
     if at then
         local keep = math.max(held - units, 0)
@@ -208,11 +209,7 @@ local function sliding_log_refund(key, now, slack, count, burst, period, units)
     if target == newest then return end
     -- The first live call counted past `target`: it keeps what it has up to
     -- `target`, every newer one goes.
-    local lo, hi = gone + 1, last
-    while lo < hi do
-        local mid = math.floor((lo + hi) / 2)
-        if log_call(key, mid) > target then hi = mid else lo = mid + 1 end
-    end
+    local lo = first_through(key, gone + 1, last, target + 1)
     local through, u, t = log_call(key, lo)
     write('ZREMRANGEBYRANK', key, text(lo), text(last))
     if through - u < target then
