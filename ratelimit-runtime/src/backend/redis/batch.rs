@@ -330,6 +330,13 @@ pub(super) async fn send_batch(
         Box::pin(async move {
             let script = scripts.for_calls(wire.iter().map(|(_, call)| call));
             let call = |function: bool| {
+                if function && let [(key, call)] = &wire[..] {
+                    // Alone: the library's leaner function for one call.
+                    let mut cmd = redis::cmd("FCALL");
+                    cmd.arg(&scripts.library.one);
+                    codec::encode_one(&mut cmd, key.as_bytes(), call);
+                    return cmd;
+                }
                 let mut cmd = script_call(function, &scripts.library.function, script);
                 let calls = wire.iter().map(|(key, call)| (key.as_bytes(), call));
                 codec::encode(&mut cmd, calls, read_ahead);

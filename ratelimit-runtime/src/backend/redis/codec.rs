@@ -14,6 +14,12 @@
 //! | `ARGV[5]` | the checks' deadlines in the server's time (µs), big-endian doubles: the earliest, then one per check; empty when none has one. A check the script reaches after its deadline is not run: its caller has stopped waiting, and counting it would be a phantom count |
 //! | `ARGV[6..]` | the lease ids in decimal (64 bits do not fit a double): one per check whose rule carries one, in order, then one per release |
 //!
+//! A call that goes alone, where the function library is loaded, is an
+//! `FCALL` of its function `one` instead (`lua/one.lua`, [`encode_one`]):
+//! `KEYS[1]` its key, `ARGV[1]` 7 big-endian doubles (op id, count, burst,
+//! period, clock, cost, deadline; 2^53 when none), `ARGV[2]` its lease id if
+//! it has one. It answers as a batch of one.
+//!
 //! Peeks, refunds and resets go as checks (with their own op ids; see
 //! [`Op::id`]): each answers what a check of cost 1 would answer next.
 //!
@@ -226,6 +232,32 @@ pub(super) fn encode<'a>(
     }
 }
 
+/// Appends one call's key and arguments to `cmd` (after the library's
+/// function `one`, see `lua/one.lua`): what a batch of one says, in the
+/// shape a lone call needs, which costs the server less to take apart.
+pub(super) fn encode_one(cmd: &mut Cmd, key: &[u8], call: &Call) {
+    let [op, count, burst, period, now, _] = call.rule();
+    let now = if now == u64::MAX { -1.0 } else { now as f64 };
+    let deadline = call.deadline.unwrap_or(1 << 53);
+    let mut packed = [0u8; 7 * 8];
+    let numbers = [
+        op as f64,
+        count as f64,
+        burst as f64,
+        period as f64,
+        now,
+        call.cost as f64,
+        deadline as f64,
+    ];
+    for (chunk, number) in packed.chunks_exact_mut(8).zip(numbers) {
+        chunk.copy_from_slice(&number.to_be_bytes());
+    }
+    cmd.arg(1).arg(key).arg(&packed[..]);
+    if let Some(lease) = call.lease {
+        cmd.arg(lease);
+    }
+}
+
 /// A check's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Answer {
@@ -357,6 +389,41 @@ mod tests {
         assert!(decode(&reply, 1).is_err());
         let (none, time) = decode(&(-1.0f64).to_be_bytes(), 0).unwrap();
         assert!(none.is_empty() && time.is_none());
+    }
+
+    #[test]
+    fn a_lone_call_sends_its_rule_cost_and_deadline_in_one_argument() {
+        let rule = Rule::gcra(5, Duration::from_secs(2));
+        let mut call = Call::new(
+            Op::Check(rule.algorithm()),
+            &rule,
+            3,
+            Clock::Server,
+            Some(42),
+        );
+        call.deadline = Some(9_000);
+        let mut cmd = redis::cmd("FCALL");
+        encode_one(&mut cmd, b"k", &call);
+        let sent = args(&cmd);
+        assert_eq!(&sent[1..3], [&b"1"[..], b"k"]);
+        let packed = &sent[3];
+        assert_eq!(packed.len(), 7 * 8);
+        let number = |i: usize| f64::from_be_bytes(packed[8 * i..8 * i + 8].try_into().unwrap());
+        assert_eq!(number(0), f64::from(Op::Check(rule.algorithm()).id()));
+        assert_eq!(number(1), 5.0, "count");
+        assert_eq!(number(3), 2_000_000.0, "period in µs");
+        assert_eq!(number(4), -1.0, "the server's clock");
+        assert_eq!(number(5), 3.0, "cost");
+        assert_eq!(number(6), 9_000.0, "deadline");
+        assert_eq!(sent[4], b"42", "the lease id");
+        call.deadline = None;
+        let mut cmd = redis::cmd("FCALL");
+        encode_one(&mut cmd, b"k", &call);
+        let last = &args(&cmd)[3][48..];
+        assert_eq!(
+            f64::from_be_bytes(last.try_into().unwrap()),
+            (1u64 << 53) as f64
+        );
     }
 
     #[test]

@@ -662,19 +662,19 @@ mod tests {
             .expect("a library header");
         assert_eq!(version.len(), 16);
         assert_eq!(library.function, format!("ratelimit_batch_{version}"));
-        let registered = format!(
-            "redis.register_function('{}', function(KEYS, ARGV)",
-            library.function
-        );
-        assert_eq!(library.source.matches(&registered).count(), 1);
+        assert_eq!(library.one, format!("ratelimit_one_{version}"));
+        for function in [&library.function, &library.one] {
+            let registered = format!("redis.register_function('{function}', function(KEYS, ARGV)");
+            assert_eq!(library.source.matches(&registered).count(), 1);
+        }
         // Each function sets what bind.lua binds before its body runs.
         assert_eq!(
             library
                 .source
                 .matches("redis_call, redis_pcall = redis.call, redis.pcall\n")
                 .count(),
-            1,
-            "set in the function"
+            2,
+            "set in each function"
         );
         for name in [
             "redis_call",

@@ -1,10 +1,11 @@
 //! The Lua the server runs, assembled from the algorithm registry: the batch
-//! script (any checks and releases in one call, a lone check being a batch
-//! of one), by `EVALSHA`, and the same as a function library (`FCALL`, Redis
-//! 7 and later), whose prelude and algorithms run once, at load. A batch of
-//! one algorithm's calls (every lone call among them) goes by `EVALSHA` of
-//! that algorithm's own copy of the script, which defines only it: a script
-//! defines its Lua functions anew at every call.
+//! script (any checks and releases in one call), by `EVALSHA`, and a function
+//! library (`FCALL`, Redis 7 and later) whose prelude and algorithms run
+//! once, at load, with two functions: the batch, and `one`, a call that goes
+//! alone. Where there is no library, a batch of one algorithm's calls (every
+//! lone call among them) goes by `EVALSHA` of that algorithm's own copy of
+//! the script, which defines only it: a script defines its Lua functions anew
+//! at every call.
 
 use redis::Script;
 
@@ -17,6 +18,8 @@ pub(super) const BIND: &str = include_str!("lua/bind.lua");
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 /// The driver of a batch (after `local run = {<algorithms>}`).
 const BATCH_DRIVER: &str = include_str!("lua/batch.lua");
+/// The driver of a call that goes alone (the library's second function).
+const ONE_DRIVER: &str = include_str!("lua/one.lua");
 
 /// The prelude and these algorithms' functions: what a script and the
 /// library define before the driver.
@@ -31,7 +34,7 @@ fn body<'a>(specs: impl Iterator<Item = &'a Spec>) -> String {
 /// The driver's tables of these algorithms by op id (see [`Op::id`]):
 /// `run`, each op's check (a peek's, a refund's and a reset's too: they
 /// answer what it would answer next), and `before`, what a look runs first
-/// (a peek nothing: `true`).
+/// (a peek nothing: `true`); and `RELEASE`, a release's op id.
 fn run_table<'a>(specs: impl Iterator<Item = &'a Spec> + Clone) -> String {
     // One constructor each, so the tables are made at their sizes at once.
     let mut run = Vec::new();
@@ -57,9 +60,10 @@ fn run_table<'a>(specs: impl Iterator<Item = &'a Spec> + Clone) -> String {
         }
     }
     format!(
-        "local run = {{{}}}\nlocal before = {{{}}}\n",
+        "local run = {{{}}}\nlocal before = {{{}}}\nlocal RELEASE = {}\n",
         run.join(", "),
-        before.join(", ")
+        before.join(", "),
+        Op::Release.id()
     )
 }
 
@@ -116,6 +120,8 @@ impl Scripts {
 pub(super) struct Library {
     /// The batch function.
     pub(super) function: String,
+    /// The function of a call that goes alone (`lua/one.lua`).
+    pub(super) one: String,
     /// The library's source, for `FUNCTION LOAD REPLACE`.
     pub(super) source: String,
 }
@@ -124,14 +130,14 @@ impl Library {
     pub(super) fn new() -> Library {
         // The table of algorithms is made once, at load, with them.
         let body = [body(REGISTRY.iter()), run_table(REGISTRY.iter())].concat();
-        let batch_driver = BATCH_DRIVER;
         // What the library runs, hashed: a change to any of it is a new
         // version, with names of its own.
-        let digest = sha1_smol::Sha1::from([body.as_str(), batch_driver].concat())
+        let digest = sha1_smol::Sha1::from([body.as_str(), BATCH_DRIVER, ONE_DRIVER].concat())
             .digest()
             .to_string();
         let version = &digest[..16];
         let function = format!("ratelimit_batch_{version}");
+        let one = format!("ratelimit_one_{version}");
         // bind.lua's lines `local names = values`: the names declared at
         // load, the values given at each call (`redis` and `struct` exist
         // only in a call).
@@ -154,7 +160,12 @@ impl Library {
             source.push_str(driver);
             source.push_str("\nend)\n");
         };
-        register(&function, batch_driver);
-        Library { function, source }
+        register(&function, BATCH_DRIVER);
+        register(&one, ONE_DRIVER);
+        Library {
+            function,
+            one,
+            source,
+        }
     }
 }
