@@ -88,14 +88,14 @@ pub struct ConnectOptions {
     /// (single server only; a cluster spreads keys over slots, so every
     /// check there is its own call). On by default.
     pub coalesce: bool,
-    /// Load the scripts as a function library (Redis 7 and later): batches,
-    /// and checks and releases that go alone, are then `FCALL`s of it, which
-    /// cost the server about 1-2 µs less a call than `EVALSHA`. On by
-    /// default, with coalescing; where the server has no functions, or the
-    /// user may not load them, calls go by `EVALSHA`. Nothing is loaded
-    /// without coalescing (or on a cluster), where every check is one
-    /// `EVALSHA`. The library (`ratelimit_<version>`) stays in Redis like any
-    /// function: `FUNCTION DELETE` removes it.
+    /// Load the scripts as a function library (Redis 7 and later; on a
+    /// cluster, on every master): batches, and checks and releases that go
+    /// alone, are then `FCALL`s of it, which cost the server several µs less
+    /// a call than `EVALSHA` of a script that defines its helpers at every
+    /// call. On by default; where the server has no functions, or the user
+    /// may not load them, calls go by `EVALSHA`. The library
+    /// (`ratelimit_<version>`) stays in Redis like any function: `FUNCTION
+    /// DELETE` removes it.
     pub functions: bool,
 }
 
@@ -292,8 +292,7 @@ impl RedisBackend {
                 finishing: AtomicBool::new(false),
                 timeout: options.timeout,
                 connect_timeout: options.connect_timeout,
-                // Without coalescing every check is its own `EVALSHA`.
-                try_functions: options.functions && coalesce,
+                try_functions: options.functions,
                 functions: AtomicBool::new(false),
                 origin: Instant::now(),
                 server_offset: std::sync::atomic::AtomicI64::new(i64::MIN),
