@@ -277,3 +277,122 @@ async fn a_paused_master_counts_only_the_checks_it_answered_in_time() {
         "the node counted other than the checks callers were told it allowed"
     );
 }
+
+/// How many script calls (`FCALL`) the node on `port` ran since it started.
+fn fcalls(cluster: &RedisCluster, port: u16) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut cluster.connection(port))
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_fcall:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// `n` keys that the master on `port` serves, each of a slot of its own.
+fn keys_on(cluster: &RedisCluster, port: u16, prefix: &str, n: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("{prefix}:{i}"))
+        .filter(|key| cluster.master_for(key) == port)
+        .take(n)
+        .collect()
+}
+
+/// Checks of keys of many slots go in one call per master (not one per
+/// check), and each is counted exactly: with 64 tasks on 60 keys of a
+/// budget of 5, every key ends with 5 allowed, counted 5 in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_bound_for_one_master_share_a_call_and_are_counted_exactly() {
+    let cluster = RedisCluster::start();
+    let redis = cluster_backend(&cluster).await.batch_every_check();
+    let rule = Rule::fixed_window(5, Duration::from_secs(60));
+    let keys: Vec<String> = (0..60).map(|i| format!("limiter:node:{i}")).collect();
+    let before: u64 = cluster
+        .masters()
+        .iter()
+        .map(|&port| fcalls(&cluster, port))
+        .sum();
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..64 {
+        let (redis, keys) = (redis.clone(), keys.clone());
+        tasks.spawn(async move {
+            let mut allowed = vec![0u32; keys.len()];
+            for round in 0..8 {
+                let i = (task * 7 + round * 13) % keys.len();
+                if redis.check(&rule, &keys[i], 1).await.unwrap().allowed {
+                    allowed[i] += 1;
+                }
+            }
+            allowed
+        });
+    }
+    let mut allowed = vec![0u32; keys.len()];
+    for counts in tasks.join_all().await {
+        for (total, n) in allowed.iter_mut().zip(counts) {
+            *total += n;
+        }
+    }
+    let checks = 64 * 8;
+    let calls: u64 = cluster
+        .masters()
+        .iter()
+        .map(|&port| fcalls(&cluster, port))
+        .sum::<u64>()
+        - before;
+    assert!(
+        calls * 2 < checks,
+        "{checks} checks took {calls} calls: not coalesced"
+    );
+    for (key, allowed) in keys.iter().zip(allowed) {
+        let master = cluster.master_for(key);
+        let attempts = (0..64)
+            .flat_map(|task| (0..8).map(move |round| (task * 7 + round * 13) % 60))
+            .filter(|&i| keys[i] == *key)
+            .count() as u32;
+        assert_eq!(allowed, attempts.min(5), "{key}");
+        assert_eq!(counted(&cluster, master, key), f64::from(allowed), "{key}");
+    }
+}
+
+/// A batch sent on an out-of-date slot map: a slot moved to another master
+/// after the limiter learned the map, and its key went in one call with
+/// keys of the old master. That master cannot touch the moved key: the
+/// batch stops before it counts anything, each check goes again alone, and
+/// every check is answered and counted once, where its key lives now.
+/// (Had the batch written the keys it could before failing, those checks
+/// would be counted and answered with an error.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_sent_on_an_out_of_date_slot_map_counts_each_check_once() {
+    let cluster = RedisCluster::start();
+    let moved = "limiter:moved:key";
+    let from = cluster.master_for(moved);
+    let to = *cluster
+        .masters()
+        .iter()
+        .find(|&&port| port != from)
+        .unwrap();
+    let stay = keys_on(&cluster, from, "limiter:stay", 8);
+    let redis = cluster_backend(&cluster).await.batch_every_check();
+    let rule = Rule::fixed_window(10, Duration::from_secs(60));
+    cluster.move_empty_slot(moved, to);
+    let before = fcalls(&cluster, from);
+    let mut tasks = tokio::task::JoinSet::new();
+    for key in stay.iter().map(String::as_str).chain([moved]) {
+        let (redis, key) = (redis.clone(), key.to_owned());
+        tasks.spawn(async move { redis.check(&rule, &key, 1).await });
+    }
+    for decision in tasks.join_all().await {
+        let decision = decision.expect("every check answered");
+        assert!(decision.allowed && decision.remaining == 9, "{decision:?}");
+    }
+    for key in &stay {
+        assert_eq!(counted(&cluster, from, key), 1.0, "{key}");
+    }
+    assert_eq!(counted(&cluster, to, moved), 1.0);
+    // The batch reached the old master, and its checks went again alone.
+    assert!(
+        fcalls(&cluster, from) - before > 1,
+        "the stale batch was not sent"
+    );
+}

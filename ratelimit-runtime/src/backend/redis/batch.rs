@@ -10,7 +10,8 @@ use tokio::sync::{OwnedMutexGuard, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::codec::{self, Call, Op};
-use super::connection::{Busy, Conn, call_script, script_call};
+use super::connection::{Busy, Conn, Target, call_script, not_run, script_call};
+use super::nodes;
 use super::scripts::Scripts;
 use super::{Expired, RedisBackend, Stopped, TimedOut};
 use crate::Error;
@@ -254,14 +255,44 @@ pub(super) async fn run_batches(
                 Err(_) => break,
             }
         }
-        let (conn, scripts) = (Arc::clone(&conn), Arc::clone(&scripts));
-        let busy = Busy::enter(Arc::clone(&busy));
-        tokio::spawn(async move {
-            send_batch(jobs, &conn, &scripts, timeout).await;
-            drop((slot, busy));
-        });
+        // Held until every call of the batch is answered.
+        let held = Arc::new((slot, Busy::enter(Arc::clone(&busy))));
+        for calls in by_call(jobs, &conn) {
+            let (conn, scripts, held) =
+                (Arc::clone(&conn), Arc::clone(&scripts), Arc::clone(&held));
+            tokio::spawn(async move {
+                send_batch(calls, &conn, &scripts, timeout).await;
+                drop(held);
+            });
+        }
     }
 }
+
+/// Jobs in the groups that go in one script call each: all of them on a
+/// single server; on a cluster, one group per master by the slot map, or
+/// each alone where no map is known (see [`nodes`]).
+fn by_call(jobs: Vec<Job>, conn: &Conn) -> Vec<Vec<Job>> {
+    if !matches!(conn.target, Target::Cluster(_)) {
+        return vec![jobs];
+    }
+    match conn.slot_map() {
+        Some(map) => nodes::by_master(jobs, &map, |job| job.key.as_bytes()),
+        None => jobs.into_iter().map(|job| vec![job]).collect(),
+    }
+}
+
+/// A cluster master answered that a key of its batch is not its own (the
+/// slot map was out of date): nothing of the batch ran.
+#[derive(Debug)]
+struct NotHere;
+
+impl fmt::Display for NotHere {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key of the batch is not on the master it was sent to")
+    }
+}
+
+impl std::error::Error for NotHere {}
 
 /// How long a script call's answer is still waited for once every caller of
 /// it has been answered (by its deadline): an allowed check it holds is
@@ -329,6 +360,10 @@ pub(super) async fn send_batch(
         let (conn, scripts, wire) = (Arc::clone(conn), Arc::clone(scripts), Arc::clone(&wire));
         Box::pin(async move {
             let script = scripts.for_calls(wire.iter().map(|(_, call)| call));
+            // Several calls on a cluster: keys of several slots, which one
+            // master serves (see `by_call`), go as arguments of the
+            // library's `node` function, sent to the master of the first.
+            let spread = matches!(conn.target, Target::Cluster(_)) && wire.len() > 1;
             let call = |function: bool| {
                 if function && let [(key, call)] = &wire[..] {
                     // Alone: the library's leaner function for one call.
@@ -337,19 +372,30 @@ pub(super) async fn send_batch(
                     codec::encode_one(&mut cmd, key.as_bytes(), call);
                     return cmd;
                 }
-                let mut cmd = script_call(function, &scripts.library.function, script);
+                let mut cmd = if function && spread {
+                    let mut cmd = redis::cmd("FCALL");
+                    cmd.arg(&scripts.library.node).arg(0);
+                    cmd
+                } else {
+                    script_call(function, &scripts.library.function, script)
+                };
                 let calls = wire.iter().map(|(key, call)| (key.as_bytes(), call));
                 codec::encode(&mut cmd, calls, read_ahead);
                 cmd
             };
+            let route = spread.then(|| wire[0].0.as_bytes());
             let mut live = conn.get(&scripts).await?;
-            call_script::<Vec<u8>>(&mut live, &conn, &scripts, script, call)
-                .await
-                .map_err(|error| {
+            match call_script::<Vec<u8>>(&mut live, &conn, &scripts, script, route, call).await {
+                Ok(reply) if codec::not_here(&reply) => Err(Error::backend(NotHere)),
+                // A redirect or a node not ready: nothing ran.
+                Err(error) if spread && not_run(&error) => Err(Error::backend(NotHere)),
+                Ok(reply) => Ok(reply),
+                Err(error) => {
                     // A cluster connection that is gone is made again next time.
                     conn.forget(&error);
-                    Error::backend(error)
-                })
+                    Err(Error::backend(error))
+                }
+            }
         })
     };
     // One timer at a time: the next caller's deadline. Once every caller
@@ -401,13 +447,13 @@ pub(super) async fn send_batch(
         let (conn, scripts) = (Arc::clone(conn), Arc::clone(scripts));
         tokio::spawn(async move {
             if let Ok(reply) = tokio::time::timeout(LATE_ANSWER, run).await {
-                let replies = (0..wire.len()).map(|_| None).collect();
+                let now = Instant::now();
+                let replies = (0..wire.len()).map(|_| (now, None)).collect();
                 settle(reply, &wire, checks, replies, &conn, &scripts, timeout);
             }
         });
         return;
     };
-    let replies = replies.into_iter().map(|(_, reply)| reply).collect();
     settle(reply, &wire, checks, replies, conn, scripts, timeout);
 }
 
@@ -417,11 +463,18 @@ fn settle(
     reply: Result<Vec<u8>, Error>,
     wire: &[(StoredKey, Call)],
     checks: usize,
-    replies: Vec<Option<Reply>>,
+    replies: Vec<(Instant, Option<Reply>)>,
     conn: &Arc<Conn>,
     scripts: &Arc<Scripts>,
     timeout: Duration,
 ) {
+    if let Err(Error::Backend(error)) = &reply
+        && error.is::<NotHere>()
+    {
+        send_alone(wire, replies, conn, scripts, timeout);
+        return;
+    }
+    let replies = replies.into_iter().map(|(_, reply)| reply);
     match reply.and_then(|reply| codec::decode(&reply, checks)) {
         Ok((answers, server_time)) => {
             if let Some(time) = server_time {
@@ -476,7 +529,50 @@ fn give_back(
     scripts: Arc<Scripts>,
     timeout: Duration,
 ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
-    Box::pin(async move { send_batch(jobs, &conn, &scripts, timeout).await })
+    Box::pin(async move {
+        for calls in by_call(jobs, &conn) {
+            send_batch(calls, &conn, &scripts, timeout).await;
+        }
+    })
+}
+
+/// Sends each call of a cluster batch that did not run (its master did not
+/// serve all its keys) again, alone, routed by its own key, by its caller's
+/// deadline; and asks the cluster for its slot map anew.
+fn send_alone(
+    wire: &[(StoredKey, Call)],
+    replies: Vec<(Instant, Option<Reply>)>,
+    conn: &Arc<Conn>,
+    scripts: &Arc<Scripts>,
+    timeout: Duration,
+) {
+    tracing::debug!(
+        "a cluster batch reached a master that does not serve all its keys: sent again one by one"
+    );
+    for ((key, call), (deadline, reply)) in wire.iter().zip(replies) {
+        // A check or a peek only for a caller who still waits; a release
+        // or a give-back whether or not anyone does.
+        if reply.is_none() && matches!(call.op, Op::Check(_) | Op::Peek(_)) {
+            continue;
+        }
+        let job = Job {
+            key: key.clone(),
+            call: Call {
+                deadline: None,
+                ..*call
+            },
+            deadline,
+            reply,
+        };
+        let (conn, scripts) = (Arc::clone(conn), Arc::clone(scripts));
+        tokio::spawn(async move { send_batch(vec![job], &conn, &scripts, timeout).await });
+    }
+    let (conn, scripts) = (Arc::clone(conn), Arc::clone(scripts));
+    tokio::spawn(async move {
+        if let Ok(mut live) = conn.get(&scripts).await {
+            conn.learn_slots(&mut live).await;
+        }
+    });
 }
 
 /// A job's answer. The batch task gives it by the job's deadline, or drops

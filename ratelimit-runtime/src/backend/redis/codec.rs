@@ -258,6 +258,13 @@ pub(super) fn encode_one(cmd: &mut Cmd, key: &[u8], call: &Call) {
     }
 }
 
+/// Whether a batch's reply says that a key of it is not on the cluster
+/// master it was sent to (`lua/batch.lua`: the time -2 alone), so nothing
+/// of it ran.
+pub(super) fn not_here(reply: &[u8]) -> bool {
+    reply == (-2.0f64).to_be_bytes()
+}
+
 /// A check's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Answer {

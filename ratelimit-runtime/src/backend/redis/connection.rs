@@ -10,8 +10,10 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RetryMethod, Script, ServerErrorKind};
 
+use super::nodes::SlotMap;
 use super::scripts::{Library, Scripts};
 use super::within;
 use crate::Error;
@@ -49,6 +51,9 @@ pub(super) struct Conn {
     pub(super) try_functions: bool,
     /// Whether batches go by `FCALL` (the library is loaded) or `EVALSHA`.
     pub(super) functions: AtomicBool,
+    /// A cluster's masters by slot, as it last said (`None`: not known, or
+    /// not a cluster): checks are coalesced per master where it is known.
+    pub(super) slots: std::sync::RwLock<Option<std::sync::Arc<SlotMap>>>,
     /// Where the local times below count from.
     pub(super) origin: tokio::time::Instant,
     /// The server's clock less ours (µs), at most what it is: the largest
@@ -82,11 +87,6 @@ pub(super) type Resolve = Box<
 >;
 
 impl Target {
-    /// Whether its connection is to one server (coalescing is for those).
-    pub(super) fn is_single(&self) -> bool {
-        !matches!(self, Target::Cluster(_))
-    }
-
     pub(super) fn describe(&self) -> String {
         match self {
             Target::Single(client) => format!("Redis at {}", client.get_connection_info().addr()),
@@ -138,6 +138,44 @@ impl Live {
         }
     }
 
+    /// Sends `cmd` (a call of the library's `node` function, whose keys go
+    /// as arguments) to the master that serves `key`'s slot. Not sent again
+    /// on a redirect: the caller sends its calls one by one instead.
+    pub(super) async fn query_at<T: FromRedisValue>(
+        &mut self,
+        cmd: &Cmd,
+        key: &[u8],
+    ) -> Result<T, RedisError> {
+        match self {
+            Live::Single(_) => self.query(cmd).await,
+            Live::Cluster(conn) => {
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::with_key(key, SlotAddr::Master),
+                ));
+                let value = conn.route_command(cmd.clone(), route).await?;
+                Ok(T::from_redis_value(value)?)
+            }
+        }
+    }
+
+    /// The cluster's slot map, `None` for a single server or a reply that
+    /// does not parse.
+    pub(super) async fn slot_map(&mut self) -> Option<SlotMap> {
+        let Live::Cluster(conn) = self else {
+            return None;
+        };
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
+        match conn.route_command(cmd, route).await {
+            Ok(reply) => SlotMap::parse(&reply),
+            Err(error) => {
+                tracing::debug!(%error, "no slot map; cluster checks go one by one");
+                None
+            }
+        }
+    }
+
     /// Loads the library and calls its function once with an empty batch
     /// (which answers nothing): a user may be allowed `FUNCTION` but not
     /// `FCALL`.
@@ -180,7 +218,8 @@ pub(super) fn script_call(function: bool, name: &str, script: &Script) -> Cmd {
     cmd
 }
 
-/// One script call: an `FCALL` of the library's function (`call(true)`)
+/// One script call: an `FCALL` of the library's function (`call(true)`,
+/// sent to the master of `route`'s slot when given)
 /// where the library is loaded, else an `EVALSHA` of `script`
 /// (`call(false)`). A library the server lost (a restart, `FUNCTION FLUSH`)
 /// is loaded again and the call sent once more; one that cannot be loaded
@@ -192,14 +231,23 @@ pub(super) async fn call_script<T: FromRedisValue>(
     conn: &Conn,
     scripts: &Scripts,
     script: &Script,
+    route: Option<&[u8]>,
     call: impl Fn(bool) -> Cmd,
 ) -> Result<T, RedisError> {
     if conn.functions.load(Ordering::Relaxed) {
         let cmd = call(true);
-        match live.query(&cmd).await {
+        // A `node` call goes to the master of the key it is routed by.
+        let reply = match route {
+            Some(key) => live.query_at(&cmd, key).await,
+            None => live.query(&cmd).await,
+        };
+        match reply {
             Err(e) if function_missing(&e) => {
                 if live.load_library(&scripts.library).await.is_ok() {
-                    return live.query(&cmd).await;
+                    return match route {
+                        Some(key) => live.query_at(&cmd, key).await,
+                        None => live.query(&cmd).await,
+                    };
                 }
                 conn.functions.store(false, Ordering::Relaxed);
             }
@@ -221,7 +269,7 @@ const CLUSTER_TRIES: u32 = 3;
 
 /// Whether `error` says the request was not run: sending it again cannot
 /// count it twice.
-fn not_run(error: &RedisError) -> bool {
+pub(super) fn not_run(error: &RedisError) -> bool {
     matches!(
         error.retry_method(),
         RetryMethod::MovedRedirect
@@ -372,11 +420,34 @@ impl Conn {
                 }
             }
         }
+        // A cluster's checks are coalesced per master with the library's
+        // `node` function only.
+        if self.functions.load(Ordering::Relaxed) {
+            self.learn_slots(&mut live).await;
+        }
         Ok(live)
     }
 }
 
 impl Conn {
+    /// Asks the cluster which master serves each slot (nothing for a single
+    /// server).
+    pub(super) async fn learn_slots(&self, live: &mut Live) {
+        let map = live.slot_map().await.map(std::sync::Arc::new);
+        *self.slots.write().unwrap_or_else(PoisonError::into_inner) = map;
+    }
+
+    /// The slot map, where checks are coalesced per master.
+    pub(super) fn slot_map(&self) -> Option<std::sync::Arc<SlotMap>> {
+        if !self.functions.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.slots
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// A connection's failure, saying where.
     fn failed(&self, error: RedisError) -> Error {
         let at = self.target.describe();

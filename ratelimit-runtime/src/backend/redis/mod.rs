@@ -1,13 +1,14 @@
-//! Redis and Redis Cluster: every check is one Lua script run by `EVALSHA`
-//! on one multiplexed connection (or one cluster connection) shared by all
-//! tasks. On one server, checks that wait at the same moment are coalesced
-//! into one script call (see [`ConnectOptions::coalesce`]), and the scripts
-//! are `FCALL`s of a function library where the server allows it
-//! ([`ConnectOptions::functions`]).
+//! Redis and Redis Cluster: every check is one call of a Lua function
+//! library (`FCALL`, or `EVALSHA` of a script where the server has no
+//! functions) on one multiplexed connection (or one cluster connection)
+//! shared by all tasks. Checks that wait at the same moment are coalesced
+//! into one call (see [`ConnectOptions::coalesce`]); on a cluster, one call
+//! per master.
 
 mod batch;
 mod codec;
 mod connection;
+mod nodes;
 mod scripts;
 mod tls;
 
@@ -45,14 +46,16 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Cheap to clone: clones share the connection, which reconnects in the
 /// background after a failure. Every call has a deadline.
 ///
-/// On a single server, checks are coalesced: while a script call is on its
-/// way, the checks that arrive meanwhile wait in a queue and go together in
-/// the next call, one call of a batch script (`FCALL` of it as a function
-/// library where the server allows it, else `EVALSHA`) that runs each check in
-/// turn on its own key (each as atomic as alone; they share the server's
-/// clock reading). A check that finds nothing on its way goes at once, alone,
-/// so nothing waits when Redis keeps up; under load one round trip and one
-/// script call carry many checks.
+/// Checks are coalesced: while a script call is on its way, the checks that
+/// arrive meanwhile wait in a queue and go together in the next call, one
+/// call of a batch script (`FCALL` of it as a function library where the
+/// server allows it, else `EVALSHA`) that runs each check in turn on its own
+/// key (each as atomic as alone; they share the server's clock reading). On
+/// a cluster the next call is one per master, each carrying the checks of
+/// the slots that master serves (with the function library only). A check
+/// that finds nothing on its way goes at once, alone, so nothing waits when
+/// Redis keeps up; under load one round trip and one script call carry many
+/// checks.
 #[derive(Clone)]
 pub struct RedisBackend {
     conn: Arc<Conn>,
@@ -85,8 +88,9 @@ pub struct ConnectOptions {
     /// Start even if Redis cannot be reached; connect on first use.
     pub lazy: bool,
     /// Coalesce checks that wait at the same moment into one script call
-    /// (single server only; a cluster spreads keys over slots, so every
-    /// check there is its own call). On by default.
+    /// (on a cluster, one per master: a call of the library's function that
+    /// may touch keys of several slots, so Redis 7 or later). On by
+    /// default.
     pub coalesce: bool,
     /// Load the scripts as a function library (Redis 7 and later; on a
     /// cluster, on every master): batches, and checks and releases that go
@@ -283,7 +287,7 @@ impl RedisBackend {
     }
 
     async fn start(target: Target, options: ConnectOptions) -> Result<RedisBackend, Error> {
-        let coalesce = options.coalesce && target.is_single();
+        let coalesce = options.coalesce;
         let mut backend = RedisBackend {
             conn: Arc::new(Conn {
                 target,
@@ -294,6 +298,7 @@ impl RedisBackend {
                 connect_timeout: options.connect_timeout,
                 try_functions: options.functions,
                 functions: AtomicBool::new(false),
+                slots: std::sync::RwLock::new(None),
                 origin: Instant::now(),
                 server_offset: std::sync::atomic::AtomicI64::new(i64::MIN),
             }),
@@ -662,17 +667,24 @@ mod tests {
         assert_eq!(version.len(), 16);
         assert_eq!(library.function, format!("ratelimit_batch_{version}"));
         assert_eq!(library.one, format!("ratelimit_one_{version}"));
+        assert_eq!(library.node, format!("ratelimit_node_{version}"));
         for function in [&library.function, &library.one] {
             let registered = format!("redis.register_function('{function}', function(KEYS, ARGV)");
             assert_eq!(library.source.matches(&registered).count(), 1);
         }
+        let node = format!(
+            "redis.register_function{{function_name = '{}', \
+             flags = {{'allow-cross-slot-keys'}}, callback = function(KEYS, ARGV)",
+            library.node
+        );
+        assert_eq!(library.source.matches(&node).count(), 1);
         // Each function sets what bind.lua binds before its body runs.
         assert_eq!(
             library
                 .source
                 .matches("redis_call, redis_pcall = redis.call, redis.pcall\n")
                 .count(),
-            2,
+            3,
             "set in each function"
         );
         for name in [

@@ -20,6 +20,9 @@ const PRELUDE: &str = include_str!("lua/prelude.lua");
 const BATCH_DRIVER: &str = include_str!("lua/batch.lua");
 /// The driver of a call that goes alone (the library's second function).
 const ONE_DRIVER: &str = include_str!("lua/one.lua");
+/// What a cluster master's batch runs before the batch driver (the
+/// library's third function).
+const NODE_PROLOGUE: &str = include_str!("lua/node.lua");
 
 /// The prelude and these algorithms' functions: what a script and the
 /// library define before the driver.
@@ -122,6 +125,9 @@ pub(super) struct Library {
     pub(super) function: String,
     /// The function of a call that goes alone (`lua/one.lua`).
     pub(super) one: String,
+    /// The batch function of a cluster master, whose keys may be of several
+    /// slots (`lua/node.lua`).
+    pub(super) node: String,
     /// The library's source, for `FUNCTION LOAD REPLACE`.
     pub(super) source: String,
 }
@@ -132,12 +138,15 @@ impl Library {
         let body = [body(REGISTRY.iter()), run_table(REGISTRY.iter())].concat();
         // What the library runs, hashed: a change to any of it is a new
         // version, with names of its own.
-        let digest = sha1_smol::Sha1::from([body.as_str(), BATCH_DRIVER, ONE_DRIVER].concat())
-            .digest()
-            .to_string();
+        let digest = sha1_smol::Sha1::from(
+            [body.as_str(), BATCH_DRIVER, ONE_DRIVER, NODE_PROLOGUE].concat(),
+        )
+        .digest()
+        .to_string();
         let version = &digest[..16];
         let function = format!("ratelimit_batch_{version}");
         let one = format!("ratelimit_one_{version}");
+        let node = format!("ratelimit_node_{version}");
         // bind.lua's lines `local names = values`: the names declared at
         // load, the values given at each call (`redis` and `struct` exist
         // only in a call).
@@ -150,21 +159,42 @@ impl Library {
             source.push_str(&format!("local {names}\n"));
         }
         source.push_str(&body);
-        let mut register = |name: &str, driver: &str| {
-            source.push_str(&format!(
-                "\nredis.register_function('{name}', function(KEYS, ARGV)\n"
-            ));
+        // Each function: its name, what it runs first, its driver, and its
+        // flags (a function that has some is registered by a table).
+        let mut register = |name: &str, prologue: &str, driver: &str, flags: &str| {
+            if flags.is_empty() {
+                source.push_str(&format!(
+                    "\nredis.register_function('{name}', function(KEYS, ARGV)\n"
+                ));
+            } else {
+                source.push_str(&format!(
+                    "\nredis.register_function{{function_name = '{name}', \
+                     flags = {{{flags}}}, callback = function(KEYS, ARGV)\n"
+                ));
+            }
             for (names, values) in &bound {
                 source.push_str(&format!("{names} = {values}\n"));
             }
+            source.push_str(prologue);
             source.push_str(driver);
-            source.push_str("\nend)\n");
+            source.push_str(if flags.is_empty() {
+                "\nend)\n"
+            } else {
+                "\nend}\n"
+            });
         };
-        register(&function, BATCH_DRIVER);
-        register(&one, ONE_DRIVER);
+        register(&function, "spread = false\n", BATCH_DRIVER, "");
+        register(&one, "", ONE_DRIVER, "");
+        register(
+            &node,
+            NODE_PROLOGUE,
+            BATCH_DRIVER,
+            "'allow-cross-slot-keys'",
+        );
         Library {
             function,
             one,
+            node,
             source,
         }
     }

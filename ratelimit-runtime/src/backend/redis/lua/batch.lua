@@ -43,7 +43,24 @@ end
 -- The string states read ahead, in one MGET: the first checks, each of its
 -- own key (the client puts a key's later checks after them).
 local values, reads = {}, tonumber(ARGV[4])
-if reads > 0 then values = redis_call('MGET', unpack(KEYS, 1, reads)) end
+if spread then
+    -- Keys of several slots (node.lua): an MGET may not span them, so each
+    -- is read alone; and every key is read before any is written, so that
+    -- one this master does not serve (the client's slot map was out of
+    -- date; a slot being migrated) stops the batch before it counted
+    -- anything. A script runs whole, so no slot moves after these reads.
+    -- The answer -2 alone says so; the client sends each call again alone.
+    for i = 1, #KEYS do
+        local value = redis_pcall(i <= reads and 'GET' or 'EXISTS', KEYS[i])
+        if type(value) == 'table' and value.err
+            and not string.find(value.err, 'WRONGTYPE', 1, true) then
+            return struct_pack('>d', -2)
+        end
+        if i <= reads then values[i] = type(value) == 'string' and value end
+    end
+elseif reads > 0 then
+    values = redis_call('MGET', unpack(KEYS, 1, reads))
+end
 
 -- Most batches hold checks of one rule: then no check looks its rule up,
 -- and its numbers stay in locals.

@@ -90,6 +90,10 @@ local function load(key, head, n)
     return nil
 end
 
+-- Whether the batch's keys are of several slots of a cluster master (the
+-- library's `node` function; see batch.lua).
+local spread = false
+
 -- Whether the job being run only looks (a peek, or the answer after a
 -- refund or a reset): its writes are skipped. Every write of an algorithm
 -- goes through `write`.
