@@ -133,6 +133,11 @@ impl ShardMap {
     fn push(&mut self, hash: u64, entry: Entry, hasher: &Hasher) {
         // `insert` keeps a shard under `MAX_PER_SHARD` (2^32) keys.
         let at = self.entries.len() as u32;
+        // Grown by a quarter, not doubled: a shard's spare room (memory per
+        // key) stays under a quarter of its keys' (benches/footprint.rs).
+        if self.entries.len() == self.entries.capacity() {
+            self.entries.reserve_exact((self.entries.len() / 4).max(16));
+        }
         self.entries.push(entry);
         let entries = &self.entries;
         self.index.insert_unique(hash, at, |&at| {
@@ -144,6 +149,7 @@ impl ShardMap {
 /// One key and its state. Its hash is not kept (the index tags each slot
 /// with 7 bits of it; growing or rebuilding the index hashes the keys again).
 #[derive(Debug)]
+#[repr(align(64))] // 64 bytes: one cache line each (see the test)
 struct Entry {
     key: StoredKey,
     slot: Slot,
@@ -464,6 +470,15 @@ mod tests {
 
     fn rule(count: u64, period_ms: u64) -> Rule {
         Rule::fixed_window(count, Duration::from_millis(period_ms))
+    }
+
+    /// A key's entry is one cache line: a key of up to 22 bytes in place,
+    /// its state and its expiry (memory per key, and one line to fetch per
+    /// check).
+    #[test]
+    fn an_entry_is_one_cache_line() {
+        assert_eq!(size_of::<Entry>(), 64);
+        assert_eq!(align_of::<Entry>(), 64);
     }
 
     #[test]
