@@ -19,16 +19,25 @@
 //! Each run prints one JSON line: `{"backend", "algorithm", "concurrency",
 //! "ops", "ops_per_sec", "p50_us", "p99_us", "redis_usec_per_call"}`, the
 //! last from `INFO commandstats`: the server's own CPU time per check, all
-//! the commands a check takes together, counted once (EVALSHA for us, whose
-//! time includes the commands the script calls, and FCALL for our batches
-//! where the batch script is a function library; MULTI + EXEC for the peers,
-//! EXEC's time including the queued commands). For `concurrency` an op is
-//! acquire + release. `ratelimit` is the limiter as built by default (checks
-//! that wait at the same moment coalesced into one script call);
-//! `ratelimit-per-call` is the same with `.coalesce(false)`, one EVALSHA per
-//! check, the same shape of call as the floor. Set `RATELIMIT_REDIS_CPUS=1` to run
-//! redis-server pinned to core 1 (with `taskset`), and start the bench itself
-//! under `taskset -c 0` to give each side its own core.
+//! the commands a check takes together, counted once (FCALL for us, EVALSHA
+//! where the library cannot be loaded, whose time includes the commands the
+//! function calls; MULTI + EXEC for the peers, EXEC's time including the
+//! queued commands). For `concurrency` an op is acquire + release.
+//! `ratelimit` is the limiter as built by default (checks that wait at the
+//! same moment coalesced into one call); `ratelimit-per-call` is the same
+//! with `.coalesce(false)`, one call per check, the same shape of call as
+//! the floor. With `--cluster`, `ratelimit-cluster` and
+//! `ratelimit-cluster-per-call` are the same on a local 3-master cluster
+//! (coalesced per master, and not).
+//!
+//! Last, `redis-benchmark` (from redis-tools) measures the server's own
+//! ceiling for the simplest fixed-window script: the seeds' INCR + PEXPIRE
+//! by EVALSHA, pipelined, 256 calls on their way (backend
+//! `redis-benchmark-ceiling`).
+//!
+//! Set `RATELIMIT_REDIS_CPUS=1` to run redis-server pinned to core 1 (with
+//! `taskset`), and start the bench itself under `taskset -c 0` to give each
+//! side its own core.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -297,12 +306,62 @@ fn report(backend: &str, algorithm: &str, concurrency: usize, mut run: Run, usec
     );
 }
 
-/// What a check of ours sends: one EVALSHA; a release is a ZREM of its
-/// own, or with coalescing a part of a batch (its ZREM then runs inside the
-/// batch, whose time already includes it). A batch is an FCALL of the batch
-/// script loaded as a function library (an EVALSHA where it cannot be).
-const OURS: &[&str] = &["evalsha", "fcall", "zrem"];
-const OURS_COALESCED: &[&str] = &["evalsha", "fcall"];
+/// The server's own ceiling for the simplest fixed-window script:
+/// `redis-benchmark` sending `EVALSHA` of the seeds' INCR + PEXPIRE script
+/// over the same 1,000 keys, 16 connections each 16 calls deep (256 on
+/// their way), for about `duration`. One JSON line, backend
+/// `redis-benchmark-ceiling` (its concurrency: the calls on their way).
+fn ceiling(server: &Server, redis: &RedisServer, duration: Duration) {
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(SEED_SCRIPT)
+        .query(&mut redis.connection())
+        .expect("SCRIPT LOAD");
+    // About 300k calls a second here: enough calls for the duration.
+    let calls = (duration.as_secs_f64() * 300_000.0) as u64;
+    server.flush();
+    server.reset_stats();
+    let output = std::process::Command::new("redis-benchmark")
+        .args([
+            "-p",
+            &redis.port().to_string(),
+            "-c",
+            "16",
+            "-P",
+            "16",
+            "-r",
+            "1000",
+        ])
+        .args(["-n", &calls.to_string(), "--csv", "EVALSHA", &sha, "1"])
+        .args(["limiter:load:__rand_int__", "1000000000", "1000"])
+        .output()
+        .unwrap_or_else(|error| {
+            eprintln!("error: redis-benchmark: {error}: apt-get install -y redis-tools");
+            std::process::exit(1)
+        });
+    assert!(
+        output.status.success(),
+        "redis-benchmark failed: {output:?}"
+    );
+    // `"test","rps",...` then `"EVALSHA ...","312500.00",...`.
+    let csv = String::from_utf8_lossy(&output.stdout);
+    let rps: f64 = csv
+        .lines()
+        .nth(1)
+        .and_then(|line| line.split(',').nth(1))
+        .and_then(|rps| rps.trim_matches('"').parse().ok())
+        .unwrap_or_else(|| panic!("redis-benchmark's CSV: {csv}"));
+    let usec = server.usec_total(&["evalsha"]) / calls as f64;
+    println!(
+        "{{\"backend\":\"redis-benchmark-ceiling\",\"algorithm\":\"fixed_window\",\"concurrency\":256,\
+         \"ops\":{calls},\"ops_per_sec\":{rps:.0},\"p50_us\":0,\"p99_us\":0,\"redis_usec_per_call\":{usec:.2}}}"
+    );
+}
+
+/// What a check of ours sends: one FCALL of the function library (an
+/// EVALSHA where it cannot be loaded), a release too; with coalescing, a
+/// part of a batch, whose time includes it.
+const OURS: &[&str] = &["evalsha", "fcall"];
 /// What the peers send: a MULTI/EXEC transaction.
 const TRANSACTION: &[&str] = &["multi", "exec"];
 
@@ -520,7 +579,7 @@ fn main() {
             let mut contenders = vec![Contender::Ours {
                 name: "ratelimit",
                 limiter: limiter.clone(),
-                sent: OURS_COALESCED,
+                sent: OURS,
             }];
             if options.baselines {
                 contenders.push(Contender::Ours {
@@ -556,16 +615,30 @@ fn main() {
             // What is compared runs in turns, so a drift of the machine
             // during the bench falls on all sides alike.
             compare_all(&server, &contenders, &options).await;
+            if options.baselines
+                && options.algorithms.contains(&Algorithm::FixedWindow)
+                && let Server::Single(redis) = &server
+            {
+                ceiling(&server, redis, options.duration);
+            }
         }
         if options.cluster {
             let cluster = RedisCluster::start();
             let urls = cluster.urls();
             let server = Server::Cluster(cluster);
-            let contenders = [Contender::Ours {
-                name: "ratelimit-cluster",
-                limiter: connect(RateLimiter::builder().redis_cluster(urls)).await,
-                sent: OURS,
-            }];
+            let contenders = [
+                Contender::Ours {
+                    name: "ratelimit-cluster",
+                    limiter: connect(RateLimiter::builder().redis_cluster(urls.clone())).await,
+                    sent: OURS,
+                },
+                Contender::Ours {
+                    name: "ratelimit-cluster-per-call",
+                    limiter: connect(RateLimiter::builder().redis_cluster(urls).coalesce(false))
+                        .await,
+                    sent: OURS,
+                },
+            ];
             compare_all(&server, &contenders, &options).await;
         }
     });

@@ -13,7 +13,10 @@
 //! `/limitTest4` (the same, with a fallback page), `/api` (5 per 10 s per
 //! `x-api-key`), `/user/{name}` (3 per 10 s per name), and under `/layer/`
 //! the same router again behind a [`RateLimitLayer`] (10 per 10 s per client
-//! address, `/layer/health` exempt).
+//! address, `/layer/health` exempt). For `scripts/bench-http`:
+//! `/bench/limited` (a limit it never reaches), `/bench/plain` (the same
+//! handler without it) and `/bench/layer` (the plain handler behind a
+//! [`RateLimitLayer`] it never reaches).
 //!
 //! - `BIND` (default `127.0.0.1:8080`): where to listen.
 //! - `REDIS_URL` (for example `redis://127.0.0.1:6379/`): keep the budgets in
@@ -84,6 +87,29 @@ async fn try_again_later(limited: RateLimited) -> impl IntoResponse {
     )
 }
 
+/// For the HTTP benchmark: a limit it never reaches (a billion a second).
+#[rate_limit(key = "bench", period = 1, count = 1_000_000_000)]
+async fn bench_limited() -> impl IntoResponse {
+    "ok\n"
+}
+
+/// For the HTTP benchmark: the same handler without the attribute.
+async fn bench_plain() -> impl IntoResponse {
+    "ok\n"
+}
+
+/// The HTTP benchmark's endpoints.
+fn bench_endpoints() -> Router {
+    let never = Rule::fixed_window(1_000_000_000, Duration::from_secs(1));
+    Router::new()
+        .route("/bench/limited", get(bench_limited))
+        .route("/bench/plain", get(bench_plain))
+        .route(
+            "/bench/layer",
+            get(bench_plain).layer(RateLimitLayer::new(never).key("bench_layer")),
+        )
+}
+
 /// The seed endpoints, each limited by its attribute.
 fn endpoints() -> Router {
     Router::new()
@@ -114,6 +140,7 @@ async fn main() -> Result<(), support::Failure> {
     );
     let app = endpoints()
         .nest("/layer", layered)
+        .merge(bench_endpoints())
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
         .layer(Extension(limiter))
         .layer(Extension(http));
