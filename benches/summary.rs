@@ -302,7 +302,7 @@ fn memory_targets(root: &Path, footprint: &[Value], out: &mut String) {
         }
         let _ = writeln!(
             out,
-            "| Memory per key, {side}: {ours:.0} bytes against governor's {governor:.0} (100k `String` keys, resident) | ≤ 1.00x | {:.2}x | {} |",
+            "| Memory per key, {side}: {ours:.0} live heap bytes against governor's {governor:.0} (100k `String` keys) | ≤ 1.00x | {:.2}x | {} |",
             ours / governor,
             met(ours <= governor)
         );
@@ -353,7 +353,7 @@ fn http_targets(http: &[Value], out: &mut String) {
         } else {
             let _ = writeln!(
                 out,
-                "| HTTP, {framework}, Redis, {connections} connection(s): latency added over the unlimited endpoint, p50 / p99 | reported | +{:.0} / +{:.0} µs | - |",
+                "| HTTP, {framework}, Redis, {connections} connection(s): latency added over the unlimited endpoint, p50 / p99 | reported | {:+.0} / {:+.0} µs | - |",
                 number(limited, "p50_us") - number(plain, "p50_us"),
                 number(limited, "p99_us") - number(plain, "p99_us"),
             );
