@@ -28,23 +28,9 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{KEYS, governor, keys, ours, ours_for, rule};
+use common::{KEYS, governor, keys, ours, ours_for, rule, shuffled};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use ratelimit_runtime::Algorithm;
-
-/// The positions `0..n` in one fixed random order (Fisher-Yates over a
-/// xorshift sequence), the same for every run.
-fn shuffled(n: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..n).collect();
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    for i in (1..n).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        order.swap(i, (x % (i as u64 + 1)) as usize);
-    }
-    order
-}
 
 /// Runs `iters` checks on `threads` threads, `step` for check `i` of a thread.
 fn spread(iters: u64, threads: usize, step: impl Fn(usize, u64) + Sync) -> Duration {

@@ -1,7 +1,7 @@
 //! The benchmarks' summary, from their results: the JSON lines of the load
-//! bench (`benches/results/load.jsonl`), the HTTP script (`http.jsonl`) and
-//! the footprint bench (`footprint.jsonl`), and criterion's estimates of the
-//! memory bench (`target/criterion/memory`). Prints Markdown tables, each
+//! bench (`benches/results/load.jsonl`), the HTTP script (`http.jsonl`), the
+//! footprint bench (`footprint.jsonl`) and the threads bench's side-by-side
+//! rounds against governor (`versus.jsonl`). Prints Markdown tables, each
 //! target with its measured ratio; `--write FILE` also puts them in FILE
 //! between the generated-section markers (BENCHMARKS.md).
 //!
@@ -256,37 +256,22 @@ fn load_targets(load: &Load, out: &mut String) {
     }
 }
 
-/// Criterion's median estimate (ns) of `memory/<id>/<side>`.
-fn criterion(root: &Path, id: &str, side: &str) -> f64 {
-    let path = root
-        .join("memory")
-        .join(id)
-        .join(side)
-        .join("new/estimates.json");
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|json| serde_json::from_str::<Value>(&json).ok())
-        .map_or(f64::NAN, |e| number(&e["median"], "point_estimate"))
-}
-
-fn memory_targets(root: &Path, footprint: &[Value], out: &mut String) {
-    for (id, order) in [
-        ("100k_keys", "fill order"),
-        ("100k_keys_shuffled", "random order"),
-    ] {
-        for side in ["fixed_window", "gcra"] {
-            let ours = criterion(root, id, side);
-            let governor = criterion(root, id, "governor");
-            if ours.is_nan() || governor.is_nan() {
-                continue;
-            }
-            let _ = writeln!(
-                out,
-                "| Memory backend, {side}, 100k keys in {order}: {ours:.0} ns a check against governor's {governor:.0} ns | ≤ 1.00x | {:.2}x | {} |",
-                ours / governor,
-                met(ours <= governor)
-            );
-        }
+fn memory_targets(versus: &[Value], footprint: &[Value], out: &mut String) {
+    for run in versus {
+        let (algorithm, order) = (text(run, "algorithm"), text(run, "order"));
+        let order = if order == "fill" {
+            "fill order"
+        } else {
+            "random order"
+        };
+        let ratio = number(run, "ratio");
+        let _ = writeln!(
+            out,
+            "| Memory backend, {algorithm}, 100k keys in {order}: {:.0} ns a check against governor's {:.0} ns (side by side) | ≤ 1.00x | {ratio:.2}x | {} |",
+            number(run, "ours_ns"),
+            number(run, "governor_ns"),
+            met(ratio <= 1.0)
+        );
     }
     let bytes = |limiter: &str, algorithm: &str| {
         footprint
@@ -413,6 +398,7 @@ fn main() {
     );
     let http = lines(&results.join("http.jsonl"));
     let footprint = lines(&results.join("footprint.jsonl"));
+    let versus = lines(&results.join("versus.jsonl"));
 
     let mut out = String::new();
     let _ = writeln!(
@@ -420,7 +406,7 @@ fn main() {
         "### Targets\n\n| target | aim | measured | |\n|---|---|---|---|"
     );
     load_targets(&load, &mut out);
-    memory_targets(&root.join("target/criterion"), &footprint, &mut out);
+    memory_targets(&versus, &footprint, &mut out);
     http_targets(&http, &mut out);
     let _ = writeln!(out);
     redis_section(&load, &mut out);

@@ -15,6 +15,13 @@
 //! One JSON line each: `{"turns", "ns_per_turn", "runs"}`, the median and
 //! every round's.
 //!
+//! `cargo bench -p ratelimit-benches --bench threads -- --versus [--rounds 11]`
+//! measures instead one thread's check over the 100k keys against
+//! governor's, side by side: each round runs ours then governor's over
+//! every key once, in fill order and in one fixed random order. One JSON line per algorithm and order:
+//! `{"versus": "governor", "algorithm", "order", "ours_ns", "governor_ns",
+//! "ratio", "ratios"}`, the medians of the rounds and every round's ratio.
+//!
 //! Criterion's two rows of an algorithm run seconds apart, and on these two
 //! shared cores a row on two threads needs both cores for its whole length:
 //! one slow stretch in either row decides the comparison. Here each round is
@@ -33,7 +40,7 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{KEYS, governor, keys, ours, ours_for, rule};
+use common::{KEYS, governor, keys, ours, ours_for, rule, shuffled};
 use ratelimit_runtime::{Algorithm, RateLimited, RateLimiter, Rule, rate_limit};
 use ratelimit_test_support::ready;
 
@@ -127,6 +134,64 @@ fn pairs(
     );
 }
 
+/// ns per check of `check` over `keys` in `order`, once each.
+fn sweep(keys: &[String], order: &[usize], check: &impl Fn(&String)) -> f64 {
+    let start = Instant::now();
+    for &i in order {
+        check(&keys[i]);
+    }
+    start.elapsed().as_nanos() as f64 / order.len() as f64
+}
+
+/// `--versus`: see the top of this file.
+fn versus_main(rounds: usize) {
+    let keys = keys();
+    let fill: Vec<usize> = (0..KEYS).collect();
+    let random = shuffled(KEYS);
+    let gov = governor();
+    let governor = |key: &String| {
+        std::hint::black_box(gov.check_key(key).is_ok());
+    };
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+    ] {
+        let (store, limiter) = ours_for("versus", algorithm);
+        let rule = rule(algorithm, true);
+        let ours = |key: &String| ours(&store, &limiter, &rule, key);
+        for (name, order) in [("fill", &fill), ("random", &random)] {
+            // Every key stored once on both sides, and the code warm.
+            sweep(&keys, order, &ours);
+            sweep(&keys, order, &governor);
+            let (mut mine, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            // Always ours then governor's: each sweep then follows one of
+            // the other side, which found its own memory as far from the
+            // cache as this one's. (Alternating the order puts a side after
+            // itself every other round, and that sweep finds its memory
+            // warm: a 30 % swing either way.)
+            for _ in 0..rounds {
+                let a = sweep(&keys, order, &ours);
+                let b = sweep(&keys, order, &governor);
+                mine.push(a);
+                theirs.push(b);
+                ratios.push(a / b);
+            }
+            let all: Vec<String> = ratios.iter().map(|r| format!("{r:.3}")).collect();
+            println!(
+                "{{\"versus\":\"governor\",\"algorithm\":\"{}\",\"order\":\"{name}\",\
+                 \"ours_ns\":{:.1},\"governor_ns\":{:.1},\"ratio\":{:.3},\"ratios\":[{}]}}",
+                algorithm.name(),
+                median(mine),
+                median(theirs),
+                median(ratios),
+                all.join(",")
+            );
+        }
+    }
+}
+
 /// A check with a fixed key (pinned), for `--turns`.
 #[rate_limit(key = "threads-turns", count = 1_000_000_000, period = 1)]
 async fn fixed_key() -> Result<(), RateLimited> {
@@ -191,7 +256,7 @@ fn turns_main(rounds: usize) {
 }
 
 fn main() {
-    let (mut rounds, mut checks, mut turns) = (None, 1_000_000, false);
+    let (mut rounds, mut checks, mut turns, mut versus) = (None, 1_000_000, false, false);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| -> usize {
@@ -202,14 +267,18 @@ fn main() {
         match arg.as_str() {
             "--rounds" => rounds = Some(value("--rounds").max(1)),
             "--turns" => turns = true,
+            "--versus" => versus = true,
             "--checks" => checks = value("--checks").max(2),
             // What `cargo bench` passes to every bench.
             "--bench" => {}
-            other => panic!("unknown argument {other}: --rounds N, --checks N, --turns"),
+            other => panic!("unknown argument {other}: --rounds N, --checks N, --turns, --versus"),
         }
     }
     if turns {
         return turns_main(rounds.unwrap_or(5));
+    }
+    if versus {
+        return versus_main(rounds.unwrap_or(11));
     }
     let rounds = rounds.unwrap_or(21);
     let keys = keys();

@@ -70,3 +70,17 @@ pub(crate) fn ours(store: &MemoryBackend, limiter: &RateLimiter, rule: &Rule, ke
         black_box(store.check_now(rule, key, 1).allowed);
     }
 }
+
+/// The positions `0..n` in one fixed random order (Fisher-Yates over a
+/// xorshift sequence), the same for every run.
+pub(crate) fn shuffled(n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    order
+}
