@@ -214,21 +214,23 @@ impl RateLimiterBuilder {
         self
     }
 
-    /// Coalesce the checks that wait for one Redis server at the same moment
-    /// into one script call (default `true`): each check stays atomic and
-    /// keeps one round trip, the server runs many per call. `false` sends
-    /// every check as its own `EVALSHA`. A cluster always does that.
+    /// Coalesce the checks that wait for Redis at the same moment into one
+    /// script call (default `true`; on a cluster, one call per master, with
+    /// the function library): each check stays atomic and keeps one round
+    /// trip, the server runs many per call. `false` sends every check as its
+    /// own call.
     #[cfg(feature = "redis")]
     pub fn coalesce(mut self, coalesce: bool) -> Self {
         self.per_check_calls = !coalesce;
         self
     }
 
-    /// Load the batch script that coalesced checks use as a Redis function
-    /// library, called with `FCALL` (default `true`): the server skips the
-    /// script's setup at every call, about 2 µs of its time. Where the
-    /// server has no functions (before Redis 7) or the user may not load
-    /// them, batches go by `EVALSHA` either way. The library
+    /// Load the scripts as a Redis function library, called with `FCALL`
+    /// (default `true`; on a cluster, on every master): the server skips
+    /// the script's setup at every call, several µs of its time, and a
+    /// cluster's checks can be coalesced per master. Where the server has
+    /// no functions (before Redis 7) or the user may not load them, calls go
+    /// by `EVALSHA` either way. The library
     /// (`ratelimit_<version>`) stays in Redis, as functions do, until
     /// `FUNCTION DELETE`; `false` leaves nothing there but the script cache.
     #[cfg(feature = "redis")]
