@@ -38,11 +38,12 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Budgets kept in Redis or Redis Cluster, shared by every instance of the
 /// application.
 ///
-/// One script per algorithm (in `src/scripts/`), each touching exactly one key
-/// (so every check runs on one cluster slot) and using the Redis server's
-/// clock (`TIME`, in µs); every write sets a TTL no longer than the state
-/// matters. Scripts are loaded on every node when connecting and reloaded if
-/// a node answers `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`).
+/// The Lua in `lua/`, assembled from the algorithm registry: each check
+/// touches exactly one key and uses the Redis server's clock (`TIME`, in
+/// µs); every write sets a TTL no longer than the state matters. The scripts
+/// are loaded (as a function library where the server allows it) on every
+/// master when connecting, and again when a node lost them (a restart, a
+/// failover, `SCRIPT FLUSH` or `FUNCTION FLUSH`).
 /// Cheap to clone: clones share the connection, which reconnects in the
 /// background after a failure. Every call has a deadline.
 ///
