@@ -73,7 +73,10 @@ pub(crate) fn ours(store: &MemoryBackend, limiter: &RateLimiter, rule: &Rule, ke
 
 /// The positions `0..n` in one fixed random order (Fisher-Yates over a
 /// xorshift sequence), the same for every run.
-#[allow(dead_code, reason = "the footprint bench includes this module and orders nothing")]
+#[allow(
+    dead_code,
+    reason = "the footprint bench includes this module and orders nothing"
+)]
 pub(crate) fn shuffled(n: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
