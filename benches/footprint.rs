@@ -9,17 +9,7 @@
 
 mod common;
 
-use common::{KEYS, governor, keys, ours, ours_for, rule};
-use ratelimit_runtime::Algorithm;
-
-/// The algorithms whose state lasts between visits (the bench rule of the
-/// sliding log and of leases lets them expire at once).
-const LASTING: [Algorithm; 4] = [
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindow,
-    Algorithm::TokenBucket,
-    Algorithm::Gcra,
-];
+use common::{KEYS, LASTING, governor, keys, ours, ours_for, rule};
 
 #[global_allocator]
 static ALLOCATOR: dhat::Alloc = dhat::Alloc;

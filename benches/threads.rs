@@ -40,7 +40,7 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{KEYS, governor, keys, ours, ours_for, rule, shuffled};
+use common::{KEYS, LASTING, governor, keys, ours, ours_for, rule, shuffled};
 use ratelimit_runtime::{Algorithm, RateLimited, RateLimiter, Rule, rate_limit};
 use ratelimit_test_support::ready;
 
@@ -152,12 +152,7 @@ fn versus_main(rounds: usize) {
     let governor = |key: &String| {
         std::hint::black_box(gov.check_key(key).is_ok());
     };
-    for algorithm in [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindow,
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-    ] {
+    for algorithm in LASTING {
         let (store, limiter) = ours_for("versus", algorithm);
         let rule = rule(algorithm, true);
         let ours = |key: &String| ours(&store, &limiter, &rule, key);

@@ -45,6 +45,20 @@ pub(crate) fn rule(algorithm: Algorithm, many_keys: bool) -> Rule {
     }
 }
 
+/// The algorithms whose state lasts between a key's visits under [`rule`]
+/// (the sliding log's and the leases' expire at once), compared with
+/// governor key for key.
+#[allow(
+    dead_code,
+    reason = "the memory bench includes this module and compares every algorithm"
+)]
+pub(crate) const LASTING: [Algorithm; 4] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindow,
+    Algorithm::TokenBucket,
+    Algorithm::Gcra,
+];
+
 /// Governor's keyed limiter with `String` keys, a quota that never refuses.
 pub(crate) fn governor() -> DefaultKeyedRateLimiter<String> {
     governor::RateLimiter::keyed(Quota::per_second(NonZeroU32::MAX))

@@ -138,23 +138,24 @@ impl Live {
         }
     }
 
-    /// Sends `cmd` (a call of the library's `node` function, whose keys go
-    /// as arguments) to the master that serves `key`'s slot. Not sent again
-    /// on a redirect: the caller sends its calls one by one instead.
+    /// Sends `cmd` as [`Live::query`] does or, given a `route` (a call of
+    /// the library's `node` function, whose keys go as arguments), to the
+    /// cluster master that serves that key's slot. A routed call is not sent
+    /// again on a redirect: the caller sends its calls one by one instead.
     pub(super) async fn query_at<T: FromRedisValue>(
         &mut self,
         cmd: &Cmd,
-        key: &[u8],
+        route: Option<&[u8]>,
     ) -> Result<T, RedisError> {
-        match self {
-            Live::Single(_) => self.query(cmd).await,
-            Live::Cluster(conn) => {
+        match (self, route) {
+            (Live::Cluster(conn), Some(key)) => {
                 let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
                     Route::with_key(key, SlotAddr::Master),
                 ));
                 let value = conn.route_command(cmd.clone(), route).await?;
                 Ok(T::from_redis_value(value)?)
             }
+            (live, _) => live.query(cmd).await,
         }
     }
 
@@ -237,17 +238,10 @@ pub(super) async fn call_script<T: FromRedisValue>(
     if conn.functions.load(Ordering::Relaxed) {
         let cmd = call(true);
         // A `node` call goes to the master of the key it is routed by.
-        let reply = match route {
-            Some(key) => live.query_at(&cmd, key).await,
-            None => live.query(&cmd).await,
-        };
-        match reply {
+        match live.query_at(&cmd, route).await {
             Err(e) if function_missing(&e) => {
                 if live.load_library(&scripts.library).await.is_ok() {
-                    return match route {
-                        Some(key) => live.query_at(&cmd, key).await,
-                        None => live.query(&cmd).await,
-                    };
+                    return live.query_at(&cmd, route).await;
                 }
                 conn.functions.store(false, Ordering::Relaxed);
             }

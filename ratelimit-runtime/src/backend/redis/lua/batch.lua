@@ -85,20 +85,10 @@ for i = 1, checks do
     if dated and struct_unpack('>d', deadlines, 8 * i + 1) < time then
         -- Its caller has stopped waiting: counting it would be a phantom.
         out[n - 3], out[n - 2], out[n - 1], out[n] = 2, 0, 0, 0
-    elseif first then
-        pending = values[i]
-        if first ~= true then
-            first(KEYS[i], now, slack, count, burst, period, cost)
-            pending = nil
-        end
-        dry = true
-        out[n - 3], out[n - 2], out[n - 1], out[n] =
-            check(KEYS[i], now, slack, count, burst, period, 1, '0')
-        dry = false
     else
         pending = values[i]
         out[n - 3], out[n - 2], out[n - 1], out[n] =
-            check(KEYS[i], now, slack, count, burst, period, cost, id)
+            step(check, first, KEYS[i], now, slack, count, burst, period, cost, id)
     end
 end
 -- A release needs no time, and its caller no answer.

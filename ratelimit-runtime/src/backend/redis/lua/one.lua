@@ -28,18 +28,6 @@ if now < 0 then
         return struct_pack('>ddddd', 2, 0, 0, 0, time)
     end
 end
-local check, first = run[what], before[what]
-local allowed, remaining, reset_after, retry_after
-if first then
-    if first ~= true then
-        first(key, now, slack, count, burst, period, cost)
-        pending = nil
-    end
-    dry = true
-    allowed, remaining, reset_after, retry_after = check(key, now, slack, count, burst, period, 1, '0')
-    dry = false
-else
-    allowed, remaining, reset_after, retry_after =
-        check(key, now, slack, count, burst, period, cost, ARGV[2])
-end
+local allowed, remaining, reset_after, retry_after =
+    step(run[what], before[what], key, now, slack, count, burst, period, cost, ARGV[2])
 return struct_pack('>ddddd', allowed, remaining, reset_after, retry_after, time)

@@ -102,6 +102,26 @@ local function write(...)
     if not dry then return redis_call(...) end
 end
 
+-- One job on `key`: a check (`first` nil), or a look (`first` the op's
+-- `before`: `true` for a peek, else a refund's or a reset's function, run
+-- first), which then answers what a check of cost 1 would, writing
+-- nothing. `pending` is set by the caller (see `take_pending`). Both
+-- drivers, batch.lua and one.lua, run every job through this.
+local function step(check, first, key, now, slack, count, burst, period, cost, id)
+    if not first then
+        return check(key, now, slack, count, burst, period, cost, id)
+    end
+    if first ~= true then
+        first(key, now, slack, count, burst, period, cost)
+        pending = nil
+    end
+    dry = true
+    local allowed, remaining, reset_after, retry_after =
+        check(key, now, slack, count, burst, period, 1, '0')
+    dry = false
+    return allowed, remaining, reset_after, retry_after
+end
+
 -- A key's state gone, whatever holds it (a reset; leases too).
 local function reset(key)
     redis_call('DEL', key)
