@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::{Subject, count_pass_then_refused_then_budget_returns, same_decisions};
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Algorithm, Backend, OnError, RateLimiter, Rule};
-use ratelimit_test_support::RedisCluster;
+use ratelimit_test_support::{RedisCluster, first_ok};
 
 async fn cluster_backend(cluster: &RedisCluster) -> RedisBackend {
     let options = ConnectOptions {
@@ -197,17 +197,11 @@ async fn a_check_whose_reply_was_lost_is_not_sent_again() {
         "the node ran the check once"
     );
     // The next check goes through again, on a new connection.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match redis.check(&rule, key, 1).await {
-            Ok(decision) => {
-                assert_eq!(decision.remaining, 10 - 3);
-                break;
-            }
-            Err(e) => assert!(Instant::now() < deadline, "no new connection: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let decision = first_ok("no new connection", Duration::from_millis(50), || {
+        redis.check(&rule, key, 1)
+    })
+    .await;
+    assert_eq!(decision.remaining, 10 - 3);
 }
 
 /// A paused master counts, once it goes on, only the checks it reached

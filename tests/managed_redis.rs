@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Backend, Error, OnError, RateLimiter, Rule};
 use ratelimit_test_support::{
-    MASTER_NAME, RedisCluster, RedisServer, SentinelSet, TestCa, TlsServer, acl_server,
+    MASTER_NAME, RedisCluster, RedisServer, SentinelSet, TestCa, TlsServer, acl_server, first_ok,
 };
 
 const RULE: Rule = Rule::fixed_window(10, Duration::from_secs(120));
@@ -129,17 +129,11 @@ async fn sentinels_fail_over_and_the_limiter_follows_the_new_master() {
     }
     assert_ne!(set.master_port(), Some(old_master), "a replica took over");
     // And so does the limiter, on the same count.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match limiter.check(&RULE, "limiter:sentinel").await {
-            Ok(decision) => {
-                assert_eq!(decision.remaining, 10 - 3 - 2, "{decision:?}");
-                break;
-            }
-            Err(error) => assert!(Instant::now() < deadline, "the limiter stayed off: {error}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let decision = first_ok("the limiter stayed off", Duration::from_millis(100), || {
+        limiter.check(&RULE, "limiter:sentinel")
+    })
+    .await;
+    assert_eq!(decision.remaining, 10 - 3 - 2, "{decision:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

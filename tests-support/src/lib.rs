@@ -707,3 +707,24 @@ pub fn ready<F: std::future::Future>(future: F) -> F::Output {
         Poll::Pending => panic!("the future was not ready at once"),
     }
 }
+
+/// The first success of `attempt`, tried again every `every` for up to 10
+/// seconds (a connection made again, a failover the client has yet to see).
+///
+/// # Panics
+///
+/// With `what` and the last error, if none succeeds in time.
+pub async fn first_ok<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+    what: &str,
+    every: Duration,
+    mut attempt: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match attempt().await {
+            Ok(value) => return value,
+            Err(error) => assert!(Instant::now() < deadline, "{what}: {error}"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
