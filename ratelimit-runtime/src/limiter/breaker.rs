@@ -208,6 +208,12 @@ impl OverLimitCache {
         }
     }
 
+    /// Forgets what Redis refused `key` under any rule (units of it were
+    /// given back).
+    pub(crate) fn forget_key(&self, key: &str) {
+        self.shard(key).entries.remove(key);
+    }
+
     /// Remembers a refusal Redis answered to a request sent at `sent`.
     pub(crate) fn remember(
         &self,

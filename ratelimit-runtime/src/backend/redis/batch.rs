@@ -9,13 +9,15 @@ use std::time::Duration;
 use tokio::sync::{OwnedMutexGuard, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::codec::{self, Call, Op};
-use super::connection::{Busy, Conn, Target, call_script, not_run, script_call};
+use super::codec::{self, Call, Clock, Op};
+use super::connection::{
+    Busy, Conn, Target, call_script, functions_refused, not_run, not_sent, script_call,
+};
 use super::nodes;
 use super::scripts::Scripts;
 use super::{Expired, RedisBackend, Stopped, TimedOut};
 use crate::Error;
-use crate::algorithm::{Outcome, spec};
+use crate::algorithm::{self, Outcome, spec};
 use crate::backend::StoredKey;
 
 /// The most checks one batch carries (a batch holds the server for its
@@ -37,11 +39,15 @@ const RELEASED: Outcome = Outcome {
     retry_after_us: 0,
 };
 
+/// What a job that ran answers: its outcome, and the time it ran at (µs of
+/// the server's clock, or the time it was given; `None` when unknown).
+pub(super) type Ran = (Outcome, Option<u64>);
+
 /// Where a job's answer arrives.
-pub(super) type Answer = oneshot::Receiver<Result<Outcome, Error>>;
+pub(super) type Answer = oneshot::Receiver<Result<Ran, Error>>;
 
 /// Where a job's answer goes.
-type Reply = oneshot::Sender<Result<Outcome, Error>>;
+type Reply = oneshot::Sender<Result<Ran, Error>>;
 
 /// One check (or release) waiting to be sent in a batch.
 pub(super) struct Job {
@@ -76,7 +82,7 @@ impl Job {
         self.reply.as_ref().is_some_and(|reply| !reply.is_closed())
     }
 
-    fn answer(mut self, answer: Result<Outcome, Error>) {
+    fn answer(mut self, answer: Result<Ran, Error>) {
         if let Some(reply) = self.reply.take() {
             let _ = reply.send(answer);
         }
@@ -91,18 +97,24 @@ impl Job {
 
 /// What gives back the units an allowed check took for a caller that did
 /// not hear of it (it stopped waiting, or the answer never came in time):
-/// the release of its lease, or a refund of its cost. `None` for what is not
-/// a check, and where the algorithm has no refund.
-fn give_back_of(key: &StoredKey, call: &Call) -> Option<Job> {
-    let op = match call.op {
-        Op::Check(_) if call.lease.is_some() => Op::Release,
-        Op::Check(algorithm) if spec(algorithm).refund.is_some() => Op::Refund(algorithm),
+/// the release of its lease, or a refund of its cost naming what counted it
+/// (the stamp of its `outcome`, run at `now`), so that it lands there or
+/// nowhere. `None` for what is not a check, and where the algorithm has no
+/// refund.
+fn give_back_of(key: &StoredKey, call: &Call, outcome: &Outcome, now: Option<u64>) -> Option<Job> {
+    let (op, lease) = match call.op {
+        Op::Check(_) if call.lease.is_some() => (Op::Release, call.lease),
+        Op::Check(algorithm) if spec(algorithm).refund.is_some() => {
+            let stamp = algorithm::stamp(algorithm, call.period_us, now?, outcome);
+            (Op::Refund(algorithm), Some(stamp))
+        }
         _ => return None,
     };
     Some(Job {
         key: key.clone(),
         call: Call {
             op,
+            lease,
             deadline: None,
             ..*call
         },
@@ -339,7 +351,7 @@ pub(super) async fn send_batch(
     // The checks that keep a string state first (each key's first one read
     // ahead), then the other checks, then the releases (see batch.lua).
     jobs.sort_unstable_by_key(Job::place);
-    let checks = jobs.partition_point(|job| job.place() < 2);
+    let checks = jobs.partition_point(|job| job.place() < 3);
     let strings = jobs.partition_point(|job| job.place() < 1);
     let read_ahead = firsts_first(&mut jobs[..strings]);
     // Each check's deadline in the server's time, less a margin for its
@@ -384,11 +396,18 @@ pub(super) async fn send_batch(
                 cmd
             };
             let route = spread.then(|| wire[0].0.as_bytes());
+            conn.restore_functions(&scripts);
             let mut live = conn.get(&scripts).await?;
-            match call_script::<Vec<u8>>(&mut live, &conn, &scripts, script, route, call).await {
+            match call_script::<Vec<u8>>(&mut live, &conn, script, route, call).await {
                 Ok(reply) if codec::not_here(&reply) => Err(Error::backend(NotHere)),
-                // A redirect or a node not ready: nothing ran.
-                Err(error) if spread && not_run(&error) => Err(Error::backend(NotHere)),
+                // A redirect, a node not ready, or the library refused:
+                // nothing ran (alone, each call goes by EVALSHA).
+                Err(error)
+                    if spread
+                        && (not_run(&error) || functions_refused(&error) || not_sent(&error)) =>
+                {
+                    Err(Error::backend(NotHere))
+                }
                 Ok(reply) => Ok(reply),
                 Err(error) => {
                     // A cluster connection that is gone is made again next time.
@@ -471,10 +490,15 @@ fn settle(
     if let Err(Error::Backend(error)) = &reply
         && error.is::<NotHere>()
     {
-        send_alone(wire, replies, conn, scripts, timeout);
+        let jobs = wire.iter().zip(replies);
+        send_alone(
+            jobs.map(|((key, call), sent)| (key, call, sent)),
+            conn,
+            scripts,
+            timeout,
+        );
         return;
     }
-    let replies = replies.into_iter().map(|(_, reply)| reply);
     match reply.and_then(|reply| codec::decode(&reply, checks)) {
         Ok((answers, server_time)) => {
             if let Some(time) = server_time {
@@ -483,24 +507,37 @@ fn settle(
             // The checks' answers, in order; the releases after them get none.
             let mut answers = answers.into_iter();
             let mut give_backs = Vec::new();
-            for ((key, call), reply) in wire.iter().zip(replies) {
+            let mut refused = Vec::new();
+            for ((key, call), (deadline, reply)) in wire.iter().zip(replies) {
                 let answer = answers.next().unwrap_or(codec::Answer::Ran(RELEASED));
+                let now = match call.clock {
+                    Clock::Server => server_time,
+                    Clock::Fixed(now) => Some(now),
+                };
                 let waited = reply.as_ref().is_some_and(|reply| !reply.is_closed());
                 if let (codec::Answer::Ran(outcome), false) = (answer, waited)
                     && outcome.allowed
-                    && let Some(job) = give_back_of(key, call)
+                    && let Some(job) = give_back_of(key, call, &outcome, now)
                 {
                     tracing::debug!(
                         "Redis allowed a check whose caller had stopped waiting: given back"
                     );
                     give_backs.push(job);
                 }
+                let answer = match answer {
+                    codec::Answer::Ran(outcome) => Ok((outcome, now)),
+                    codec::Answer::Late => Err(Error::backend(Expired(timeout))),
+                    codec::Answer::Refused => {
+                        refused.push((key, call, (deadline, reply)));
+                        continue;
+                    }
+                };
                 if let Some(reply) = reply {
-                    let _ = reply.send(match answer {
-                        codec::Answer::Ran(outcome) => Ok(outcome),
-                        codec::Answer::Late => Err(Error::backend(Expired(timeout))),
-                    });
+                    let _ = reply.send(answer);
                 }
+            }
+            if !refused.is_empty() {
+                send_alone(refused.into_iter(), conn, scripts, timeout);
             }
             if !give_backs.is_empty() {
                 tokio::spawn(give_back(
@@ -513,8 +550,10 @@ fn settle(
         }
         Err(error) => {
             let error = Shared::new(error);
-            for reply in replies.into_iter().flatten() {
-                let _ = reply.send(Err(Error::backend(error.clone())));
+            for (_, reply) in replies {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(Error::backend(error.clone())));
+                }
             }
         }
     }
@@ -522,7 +561,8 @@ fn settle(
 
 /// Sends what is given back for callers that are gone: the releases of
 /// their leases and the refunds of their checks (boxed: a batch that sends
-/// them is itself a batch).
+/// them is itself a batch). Then a refusal remembered for their keys (the
+/// limiter's over-limit cache) is forgotten.
 fn give_back(
     jobs: Vec<Job>,
     conn: Arc<Conn>,
@@ -530,18 +570,26 @@ fn give_back(
     timeout: Duration,
 ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
     Box::pin(async move {
+        let keys: Vec<StoredKey> = jobs.iter().map(|job| job.key.clone()).collect();
         for calls in by_call(jobs, &conn) {
             send_batch(calls, &conn, &scripts, timeout).await;
+        }
+        if let Some(forget) = conn.given_back.get() {
+            for key in &keys {
+                if let Ok(key) = std::str::from_utf8(key.as_bytes()) {
+                    forget(key);
+                }
+            }
         }
     })
 }
 
-/// Sends each call of a cluster batch that did not run (its master did not
-/// serve all its keys) again, alone, routed by its own key, by its caller's
-/// deadline; and asks the cluster for its slot map anew.
-fn send_alone(
-    wire: &[(StoredKey, Call)],
-    replies: Vec<(Instant, Option<Reply>)>,
+/// Sends each of these calls of a cluster batch that did not run (their
+/// master did not serve all the batch's keys, or refused a write of
+/// theirs) again, alone, routed by its own key, by its caller's deadline;
+/// and asks the cluster for its slot map anew.
+fn send_alone<'a>(
+    jobs: impl Iterator<Item = (&'a StoredKey, &'a Call, (Instant, Option<Reply>))>,
     conn: &Arc<Conn>,
     scripts: &Arc<Scripts>,
     timeout: Duration,
@@ -549,7 +597,7 @@ fn send_alone(
     tracing::debug!(
         "a cluster batch reached a master that does not serve all its keys: sent again one by one"
     );
-    for ((key, call), (deadline, reply)) in wire.iter().zip(replies) {
+    for (key, call, (deadline, reply)) in jobs {
         // A check or a peek only for a caller who still waits; a release
         // or a give-back whether or not anyone does.
         if reply.is_none() && matches!(call.op, Op::Check(_) | Op::Peek(_)) {
@@ -578,8 +626,8 @@ fn send_alone(
 /// A job's answer. The batch task gives it by the job's deadline, or drops
 /// the job when the task is gone (its runtime ended).
 pub(super) async fn answered(
-    answer: impl Future<Output = Result<Result<Outcome, Error>, oneshot::error::RecvError>>,
-) -> Result<Outcome, Error> {
+    answer: impl Future<Output = Result<Result<Ran, Error>, oneshot::error::RecvError>>,
+) -> Result<Ran, Error> {
     answer
         .await
         .unwrap_or_else(|_| Err(Error::backend(Stopped)))

@@ -14,7 +14,7 @@ mod tls;
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{self, AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{self, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::cluster::ClusterClient;
@@ -22,9 +22,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::Backend;
-use crate::algorithm::{Outcome, spec};
-use crate::{Decision, Error, Rule};
-use batch::{Answer, Batching, Job, answered, send_batch};
+use crate::algorithm::{self, spec};
+use crate::{Charge, Decision, Error, Rule};
+use batch::{Answer, Batching, Job, Ran, answered, send_batch};
 use codec::{Call, Clock, Op};
 use connection::{Busy, Conn, Target};
 use scripts::Scripts;
@@ -299,6 +299,12 @@ impl RedisBackend {
                 connect_timeout: options.connect_timeout,
                 try_functions: options.functions,
                 functions: AtomicBool::new(false),
+                functions_retry: (
+                    AtomicU64::new(0),
+                    AtomicU64::new(connection::FIRST_FUNCTIONS_RETRY_MS),
+                ),
+                restoring: AtomicBool::new(false),
+                given_back: std::sync::OnceLock::new(),
                 slots: std::sync::RwLock::new(None),
                 origin: Instant::now(),
                 server_offset: std::sync::atomic::AtomicI64::new(i64::MIN),
@@ -342,30 +348,39 @@ impl RedisBackend {
     /// Runs one call: queued for the next batch when one is on its way,
     /// else sent at once as a batch of one (one round trip; two after the
     /// server lost the script or library).
-    async fn run(&self, key: &str, call: Call) -> Result<Outcome, Error> {
+    ///
+    /// A call sent alone runs in a future of its own. A caller that goes
+    /// away meanwhile (its future dropped: an outer timeout, a client that
+    /// left) leaves that future to finish in a task, so what Redis allowed
+    /// it is given back when the answer comes, as for a call of a batch.
+    async fn run(&self, key: &str, call: Call) -> Result<Ran, Error> {
         let deadline = Instant::now() + self.timeout;
         let job = Job::new(key, call, deadline);
         if let Some(batching) = self.queue_for_now() {
             return self.queued(batching, job).await;
         }
-        let _busy = Busy::enter(&*self.busy);
         let (job, answer) = job;
-        let send = async {
-            // Boxed: a batch's call is a large future, and inline it would
-            // make every check's future (each moved into its box) as large.
-            Box::pin(send_batch(
-                vec![job],
-                &self.conn,
-                &self.scripts,
-                self.timeout,
-            ))
-            .await;
-            answer.await
-        };
-        answered(send).await
+        let busy = Busy::enter(Arc::clone(&self.busy));
+        let (conn, scripts, timeout) = (
+            Arc::clone(&self.conn),
+            Arc::clone(&self.scripts),
+            self.timeout,
+        );
+        // Boxed: a batch's call is a large future, and inline it would make
+        // every check's future (each moved into its box) as large.
+        let mut sending = Unfinished(Some(Box::pin(async move {
+            let _busy = busy;
+            send_batch(vec![job], &conn, &scripts, timeout).await;
+        })));
+        if let Some(send) = &mut sending.0 {
+            send.await;
+        }
+        sending.0 = None;
+        answered(answer).await
     }
 
-    /// A check (or a lease taken, with `lease`) on `clock`.
+    /// A check (or a lease taken, with `lease`) on `clock`, and the stamp of
+    /// what an allowed check (not a lease) charged.
     async fn eval(
         &self,
         rule: &Rule,
@@ -373,12 +388,26 @@ impl RedisBackend {
         cost: u64,
         clock: Clock,
         lease: Option<u64>,
-    ) -> Result<Decision, Error> {
+    ) -> Result<(Decision, Option<u64>), Error> {
         let call = Call::new(Op::Check(rule.algorithm()), rule, cost, clock, lease);
-        Ok(self.run(key, call).await?.decision(rule))
+        let (outcome, now) = self.run(key, call).await?;
+        let stamp = now
+            .filter(|_| outcome.allowed && lease.is_none())
+            .map(|now| algorithm::stamp(rule.algorithm(), rule.period_us(), now, &outcome));
+        Ok((outcome.decision(rule), stamp))
     }
 
-    /// A peek, refund or reset on `clock`.
+    /// [`Backend::check`], and the stamp of what an allowed check charged.
+    pub(crate) async fn check_charged(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+    ) -> Result<(Decision, Option<u64>), Error> {
+        self.eval(rule, key, cost, Clock::Server, None).await
+    }
+
+    /// A peek, refund (`id`: the stamp of the charge) or reset on `clock`.
     async fn look(
         &self,
         op: Op,
@@ -386,19 +415,45 @@ impl RedisBackend {
         key: &str,
         units: u64,
         clock: Clock,
+        id: Option<u64>,
     ) -> Result<Decision, Error> {
         if matches!(op, Op::Refund(_)) && spec(rule.algorithm()).refund.is_none() {
             return Err(Error::Unsupported("refunds under a concurrency rule"));
         }
-        let call = Call::new(op, rule, units, clock, None);
-        Ok(self.run(key, call).await?.decision(rule))
+        let call = Call::new(op, rule, units, clock, id);
+        Ok(self.run(key, call).await?.0.decision(rule))
+    }
+
+    /// Gives back `charge` on `clock` (a charge with no stamp, of no
+    /// built-in backend, gives nothing back: a peek).
+    async fn refund_on(
+        &self,
+        rule: &Rule,
+        key: &str,
+        charge: &Charge,
+        clock: Clock,
+    ) -> Result<Decision, Error> {
+        let op = match charge.stamp() {
+            Some(_) => Op::Refund(rule.algorithm()),
+            None if spec(rule.algorithm()).refund.is_none() => Op::Refund(rule.algorithm()),
+            None => Op::Peek(rule.algorithm()),
+        };
+        self.look(op, rule, key, charge.units(), clock, charge.stamp())
+            .await
+    }
+
+    /// Tells `given_back` each key whose units were given back for a caller
+    /// that had stopped waiting (set once; the limiter's over-limit cache).
+    pub(crate) fn on_give_back(&self, given_back: connection::GivenBack) {
+        let _ = self.conn.given_back.set(given_back);
     }
 
     /// [`Backend::peek`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
     #[doc(hidden)]
     pub async fn peek_at(&self, rule: &Rule, key: &str, now: Duration) -> Result<Decision, Error> {
         let op = Op::Peek(rule.algorithm());
-        self.look(op, rule, key, 1, Clock::Fixed(micros(now))).await
+        self.look(op, rule, key, 1, Clock::Fixed(micros(now)), None)
+            .await
     }
 
     /// [`Backend::refund`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
@@ -407,11 +462,10 @@ impl RedisBackend {
         &self,
         rule: &Rule,
         key: &str,
-        units: u64,
+        charge: &Charge,
         now: Duration,
     ) -> Result<Decision, Error> {
-        let op = Op::Refund(rule.algorithm());
-        self.look(op, rule, key, units, Clock::Fixed(micros(now)))
+        self.refund_on(rule, key, charge, Clock::Fixed(micros(now)))
             .await
     }
 
@@ -419,7 +473,8 @@ impl RedisBackend {
     #[doc(hidden)]
     pub async fn reset_at(&self, rule: &Rule, key: &str, now: Duration) -> Result<Decision, Error> {
         let op = Op::Reset(rule.algorithm());
-        self.look(op, rule, key, 1, Clock::Fixed(micros(now))).await
+        self.look(op, rule, key, 1, Clock::Fixed(micros(now)), None)
+            .await
     }
 
     /// The batching, if this call should join the next batch: when
@@ -448,7 +503,7 @@ impl RedisBackend {
         &self,
         batching: &Batching,
         (job, answer): (Job, Answer),
-    ) -> Result<Outcome, Error> {
+    ) -> Result<Ran, Error> {
         if !batching.ensure_running(self) || batching.queue.send(job).is_err() {
             return Err(Error::backend(Stopped));
         }
@@ -481,8 +536,24 @@ impl RedisBackend {
         cost: u64,
         now: Duration,
     ) -> Result<Decision, Error> {
-        self.eval(rule, key, cost, Clock::Fixed(micros(now)), None)
-            .await
+        Ok(self.charge_at(rule, key, cost, now).await?.0)
+    }
+
+    /// [`check_at`](Self::check_at), with what an allowed check charged (as
+    /// [`MemoryBackend::charge_now`](crate::backend::memory::MemoryBackend::charge_now)).
+    #[doc(hidden)]
+    pub async fn charge_at(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        now: Duration,
+    ) -> Result<(Decision, Option<Charge>), Error> {
+        let (decision, stamp) = self
+            .eval(rule, key, cost, Clock::Fixed(micros(now)), None)
+            .await?;
+        let charge = decision.allowed.then(|| Charge::new(cost, stamp, false));
+        Ok((decision, charge))
     }
 
     /// [`Backend::acquire`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
@@ -495,8 +566,24 @@ impl RedisBackend {
         lease: u64,
         now: Duration,
     ) -> Result<Decision, Error> {
-        self.eval(rule, key, cost, Clock::Fixed(micros(now)), Some(lease))
-            .await
+        Ok(self
+            .eval(rule, key, cost, Clock::Fixed(micros(now)), Some(lease))
+            .await?
+            .0)
+    }
+}
+
+/// A lone call's future, until it has finished: dropped before (its caller
+/// gone), it is left to finish in a task on the current runtime.
+struct Unfinished(Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>);
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(send) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(send);
+        }
     }
 }
 
@@ -520,7 +607,7 @@ fn micros(d: Duration) -> u64 {
 
 impl Backend for RedisBackend {
     async fn check(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.eval(rule, key, cost, Clock::Server, None).await
+        Ok(self.eval(rule, key, cost, Clock::Server, None).await?.0)
     }
 
     async fn acquire(
@@ -530,7 +617,10 @@ impl Backend for RedisBackend {
         cost: u64,
         lease: u64,
     ) -> Result<Decision, Error> {
-        self.eval(rule, key, cost, Clock::Server, Some(lease)).await
+        Ok(self
+            .eval(rule, key, cost, Clock::Server, Some(lease))
+            .await?
+            .0)
     }
 
     async fn release(&self, rule: &Rule, key: &str, cost: u64, lease: u64) -> Result<(), Error> {
@@ -540,17 +630,16 @@ impl Backend for RedisBackend {
 
     async fn peek(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
         let op = Op::Peek(rule.algorithm());
-        self.look(op, rule, key, 1, Clock::Server).await
+        self.look(op, rule, key, 1, Clock::Server, None).await
     }
 
-    async fn refund(&self, rule: &Rule, key: &str, units: u64) -> Result<Decision, Error> {
-        let op = Op::Refund(rule.algorithm());
-        self.look(op, rule, key, units, Clock::Server).await
+    async fn refund(&self, rule: &Rule, key: &str, charge: Charge) -> Result<Decision, Error> {
+        self.refund_on(rule, key, &charge, Clock::Server).await
     }
 
     async fn reset(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
         let op = Op::Reset(rule.algorithm());
-        self.look(op, rule, key, 1, Clock::Server).await
+        self.look(op, rule, key, 1, Clock::Server, None).await
     }
 }
 
