@@ -398,7 +398,11 @@ pub(super) async fn send_batch(
             let route = spread.then(|| wire[0].0.as_bytes());
             conn.restore_functions(&scripts);
             let mut live = conn.get(&scripts).await?;
-            match call_script::<Vec<u8>>(&mut live, &conn, script, route, call).await {
+            let reply = call_script::<Vec<u8>>(&mut live, &conn, script, route, call).await;
+            // A refusal just met: the library is tried again at once where
+            // it was only missing.
+            conn.restore_functions(&scripts);
+            match reply {
                 Ok(reply) if codec::not_here(&reply) => Err(Error::backend(NotHere)),
                 // A redirect, a node not ready, or the library refused:
                 // nothing ran (alone, each call goes by EVALSHA).
