@@ -135,3 +135,34 @@ async fn a_sliding_log_refund_does_a_bounded_step() {
     );
     assert!(spent < 20_000, "one refund took {spent} µs of the server");
 }
+
+/// A sliding log keeps one entry per call in its window, whatever its cost:
+/// in Redis no more than the bytes a call `Algorithm::SlidingLog`'s docs
+/// give, about 130 (10,000 calls of one key, measured with `MEMORY
+/// USAGE`).
+#[tokio::test]
+async fn a_sliding_log_costs_what_its_docs_say() {
+    let server = RedisServer::start();
+    let redis = redis_backend(&server).await.batch_every_check();
+    let rule = Rule::sliding_log(1_000_000, Duration::from_secs(3600));
+    let key = "limiter:log:footprint";
+    let calls = 10_000u64;
+    for call in 0..calls {
+        let at = Duration::from_micros(EPOCH_US + call);
+        assert!(
+            redis
+                .check_at(&rule, key, 1 + call % 3, at)
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    let bytes: u64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query(&mut server.connection())
+        .unwrap();
+    assert!(bytes / calls <= 140, "{} bytes a call", bytes / calls);
+}
