@@ -143,3 +143,47 @@ async fn a_slot_moved_under_load_loses_nothing() {
         assert_eq!(next.remaining, 1_000_000 - allowed - 1, "{key}");
     }
 }
+
+/// A cluster master's batch holding a key it cannot write: a sliding log's
+/// key held someone else's string, which the check replaces (deleting it,
+/// then writing the log), in a slot migrating away. The write is refused
+/// half way; that check alone goes again (to where its key now goes, after
+/// `ASK`), and the batch's other checks stand, answered and counted once.
+/// Before, the batch failed as a whole: its other checks were counted in
+/// Redis and every caller was told it failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_refused_in_a_batch_fails_that_check_alone() {
+    let cluster = RedisCluster::start();
+    let redis = cluster_backend(&cluster).await.batch_every_check();
+    let log = Rule::sliding_log(10, Duration::from_secs(60));
+    let window = Rule::fixed_window(10, Duration::from_secs(60));
+    let key = "limiter:{split}:log";
+    let from = cluster.master_for(key);
+    let others: Vec<String> = (0..)
+        .map(|i| format!("limiter:split:{i}"))
+        .filter(|k| cluster.master_for(k) == from && !k.contains("{split}"))
+        .take(8)
+        .collect();
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg("someone else's")
+        .query(&mut cluster.connection(from))
+        .unwrap();
+    let migration = cluster.begin_migration(key, another(&cluster, from));
+    let mut tasks = tokio::task::JoinSet::new();
+    for other in others.clone() {
+        let redis = redis.clone();
+        tasks.spawn(async move { redis.check(&window, &other, 1).await });
+    }
+    let checked = redis.check(&log, key, 1).await.expect("answered");
+    assert!(checked.allowed && checked.remaining == 9, "{checked:?}");
+    for decision in tasks.join_all().await {
+        let decision = decision.expect("every check answered");
+        assert!(decision.allowed && decision.remaining == 9, "{decision:?}");
+    }
+    cluster.finish_migration(&migration);
+    for other in &others {
+        let next = redis.peek(&window, other).await.unwrap();
+        assert_eq!(next.remaining, 8, "{other}: counted once");
+    }
+}

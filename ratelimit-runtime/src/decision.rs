@@ -39,6 +39,11 @@ impl Decision {
 ///
 /// A refund that failed (a timeout, say) may still have been made: giving
 /// the same charge back again may give its units back twice.
+///
+/// A state is told from the one it replaced by when it began, to the
+/// microsecond: a reset and a new call within the microsecond of the
+/// charged call (in process memory on a clock that stands still, say a
+/// `ManualClock`) leave the new state taken for the charged one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Charge {
     units: u64,

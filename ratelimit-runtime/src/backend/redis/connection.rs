@@ -148,7 +148,7 @@ impl Live {
                                 return Err(e);
                             }
                         }
-                        Err(e) if tries < CLUSTER_TRIES && not_run(&e) => {
+                        Err(e) if tries < CLUSTER_TRIES && (not_run(&e) || refused_write(&e)) => {
                             // Time for the client to learn the new slot map
                             // (or the node to be ready): 20, 40, 80 ms.
                             tries += 1;
@@ -262,6 +262,16 @@ fn node_call_without_functions() -> RedisError {
 /// library.
 pub(super) fn not_sent(error: &RedisError) -> bool {
     error.kind() == ErrorKind::Client
+}
+
+/// Whether `error` says a script's write was refused by a node that no
+/// longer serves its key's slot (a key made anew in a migrating slot). The
+/// scripts make a key anew only where it held no state of theirs, so what
+/// the call wrote before counted nothing: it is sent again.
+fn refused_write(error: &RedisError) -> bool {
+    error
+        .detail()
+        .is_some_and(|detail| detail.contains("attempted to access a non local key"))
 }
 
 /// An `ASK` redirect.
