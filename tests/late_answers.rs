@@ -1,14 +1,15 @@
-//! Answers that come late, and callers that leave: a fault proxy in front of
-//! a real redis-server holds a reply back while windows roll over and keys
-//! are reset. What Redis allowed a caller that never heard of it is given
-//! back where it was counted (the same window, the same state since a
-//! reset, the call's own log entry) and nowhere else, whether the call went
-//! alone or in a batch, and whether its caller timed out or went away.
+//! Give-backs: a refund, and answers that come late or to callers that
+//! left. A fault proxy in front of a real redis-server holds a reply back
+//! while windows roll over and keys are reset. What Redis allowed a caller
+//! that never heard of it is given back where it was counted (the same
+//! window, the same state since a reset, the call's own log entry) and
+//! nowhere else, whether the call went alone or in a batch, and whether its
+//! caller timed out or went away; so is what a refund names.
 
 use std::time::{Duration, Instant};
 
 use ratelimit_runtime::backend::redis::RedisBackend;
-use ratelimit_runtime::{Backend, OnError, RateLimiter, Rule};
+use ratelimit_runtime::{Algorithm, Backend, ManualClock, OnError, RateLimiter, Rule};
 use ratelimit_test_support::{Proxy, RedisServer, first_ok};
 
 /// How long the proxy holds a reply back: past the deadline (100 ms) and a
@@ -311,4 +312,89 @@ async fn a_give_back_clears_the_over_limit_cache() {
     })
     .await;
     assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+/// A refunded call's units can be used again, a refund gives back only what
+/// its charge took (twice the same charge never raises a budget above its
+/// capacity), and a reset gives the whole budget back: through the limiter,
+/// on Redis and in memory, for every algorithm with a refund.
+#[tokio::test]
+async fn a_refunded_unit_is_used_again_and_never_raises_the_budget() {
+    let server = RedisServer::start();
+    let redis = RateLimiter::builder()
+        .redis(server.url())
+        .build()
+        .await
+        .unwrap();
+    // Memory's clock moves a microsecond at each step, as Redis's does in
+    // the time each call takes.
+    let clock = ManualClock::new();
+    let memory = RateLimiter::in_memory_with_clock(clock.clone());
+    let tick = || clock.advance(Duration::from_micros(1));
+    for (name, limiter) in [("memory", memory), ("redis", redis)] {
+        for algorithm in Algorithm::ALL {
+            let rule = Rule::new(algorithm, 3, Duration::from_secs(60));
+            let key = format!("limiter:refund:{name}:{algorithm:?}");
+            if algorithm == Algorithm::Concurrency {
+                let permit = limiter.acquire(&rule, &key, 3).await.unwrap();
+                assert!(permit.decision().allowed);
+                assert!(
+                    permit.charge().is_none(),
+                    "a lease is given back by its permit"
+                );
+                let other = Rule::fixed_window(3, Duration::from_secs(60));
+                let charge = limiter.acquire(&other, "limiter:refund:other", 1).await;
+                let charge = charge.unwrap().charge().unwrap();
+                let refused = limiter.refund(&rule, &key, charge).await;
+                assert!(
+                    matches!(refused, Err(ratelimit_runtime::Error::Unsupported(_))),
+                    "{name}: {refused:?}"
+                );
+                assert!(!limiter.peek(&rule, &key).await.unwrap().allowed);
+                let whole = limiter.reset(&rule, &key).await.unwrap();
+                assert!(whole.allowed, "{name}: the leases are gone");
+                continue;
+            }
+            let mut charges = Vec::new();
+            for _ in 0..3 {
+                tick();
+                let permit = limiter.acquire(&rule, &key, 1).await.unwrap();
+                assert!(permit.decision().allowed);
+                charges.push(permit.charge().expect("an allowed call's charge"));
+            }
+            let refused = limiter.acquire(&rule, &key, 1).await.unwrap();
+            assert!(!refused.decision().allowed && refused.charge().is_none());
+            // One call's unit back: one call passes, the next does not.
+            let after = limiter.refund(&rule, &key, charges[0]).await.unwrap();
+            assert!(after.allowed, "{name} {algorithm:?}: {after:?}");
+            assert!(limiter.check(&rule, &key).await.unwrap().allowed);
+            assert!(!limiter.check(&rule, &key).await.unwrap().allowed);
+            // Every charge back, one of them twice: the budget is whole, not
+            // more (a charge given back twice gives back again where a
+            // count holds it, nothing where its own log entry is gone).
+            tick();
+            for charge in [charges[1], charges[2], charges[2]] {
+                limiter.refund(&rule, &key, charge).await.unwrap();
+            }
+            let mut passed = 0;
+            while limiter.check(&rule, &key).await.unwrap().allowed {
+                passed += 1;
+                assert!(
+                    passed <= 3,
+                    "{name} {algorithm:?}: a refund raised the budget above its capacity"
+                );
+            }
+            assert!(passed >= 2, "{name} {algorithm:?}: {passed} passed");
+            tick();
+            let whole = limiter.reset(&rule, &key).await.unwrap();
+            assert_eq!(whole.remaining, 2, "{name} {algorithm:?}: reset");
+            let peeked = limiter.peek(&rule, &key).await.unwrap();
+            assert_eq!((peeked.allowed, peeked.remaining), (true, 2));
+            // A charge from before the reset gives nothing back now.
+            tick();
+            assert!(limiter.check(&rule, &key).await.unwrap().allowed);
+            let stale = limiter.refund(&rule, &key, charges[0]).await.unwrap();
+            assert_eq!(stale.remaining, 1, "{name} {algorithm:?}: {stale:?}");
+        }
+    }
 }

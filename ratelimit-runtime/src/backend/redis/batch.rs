@@ -701,3 +701,56 @@ impl std::error::Error for Shared {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::codec::Clock;
+    use super::*;
+    use crate::{Algorithm, Rule};
+
+    fn jobs(keys: &[&str]) -> Vec<Job> {
+        let rule = Rule::new(Algorithm::FixedWindow, 10, Duration::from_secs(1));
+        keys.iter()
+            .map(|key| {
+                let call = Call::new(Op::Check(rule.algorithm()), &rule, 1, Clock::Server, None);
+                Job::new(key, call, Instant::now()).0
+            })
+            .collect()
+    }
+
+    fn keys(jobs: &[Job]) -> Vec<&str> {
+        jobs.iter()
+            .map(|job| std::str::from_utf8(job.key.as_bytes()).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn each_key_comes_first_once_and_its_later_checks_after_all_firsts() {
+        let mut batch = jobs(&["b", "a", "b", "c", "a", "b"]);
+        let firsts = firsts_first(&mut batch);
+        assert_eq!(firsts, 3);
+        assert_eq!(keys(&batch[..firsts]), ["a", "b", "c"]);
+        let mut repeats = keys(&batch[firsts..]);
+        repeats.sort_unstable();
+        assert_eq!(repeats, ["a", "b", "b"]);
+        // Keys held in place and keys too long for that sort alike.
+        let long = "k".repeat(crate::backend::INLINE_KEY + 1);
+        let mut batch = jobs(&[&long, "a", &long, "a"]);
+        assert_eq!(firsts_first(&mut batch), 2);
+        assert_eq!(keys(&batch[..2]), ["a", long.as_str()]);
+        let mut repeats = keys(&batch[2..]);
+        repeats.sort_unstable();
+        assert_eq!(repeats, ["a", long.as_str()]);
+    }
+
+    #[test]
+    fn distinct_keys_are_all_read_ahead() {
+        for n in 0..4 {
+            let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+            let mut batch = jobs(&names.iter().map(String::as_str).collect::<Vec<_>>());
+            assert_eq!(firsts_first(&mut batch), n);
+        }
+        let mut same = jobs(&["k"; 5]);
+        assert_eq!(firsts_first(&mut same), 1);
+    }
+}
