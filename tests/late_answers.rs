@@ -398,3 +398,32 @@ async fn a_refunded_unit_is_used_again_and_never_raises_the_budget() {
         }
     }
 }
+
+/// A reset made through another instance is not seen by this instance's
+/// over-limit cache (its docs say so): the key stays refused here until the
+/// time Redis named, and no longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_instances_reset_waits_for_the_time_redis_named() {
+    let server = RedisServer::start();
+    let cached = RateLimiter::builder()
+        .redis(server.url())
+        .over_limit_cache(true)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let other = direct(&server).await;
+    let rule = Rule::fixed_window(1, Duration::from_secs(1));
+    let key = "limiter:cache:elsewhere";
+    assert!(cached.check(&rule, key).await.unwrap().allowed);
+    let refused = cached.check(&rule, key).await.unwrap();
+    assert!(!refused.allowed);
+    let until = Instant::now() + refused.retry_after;
+    other.reset(&rule, key).await.unwrap();
+    assert!(
+        !cached.check(&rule, key).await.unwrap().allowed,
+        "refused here"
+    );
+    tokio::time::sleep_until((until + Duration::from_millis(50)).into()).await;
+    assert!(cached.check(&rule, key).await.unwrap().allowed);
+}

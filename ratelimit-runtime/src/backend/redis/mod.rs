@@ -98,7 +98,10 @@ pub struct ConnectOptions {
     /// alone, are then `FCALL`s of it, which cost the server several µs less
     /// a call than `EVALSHA` of a script that defines its helpers at every
     /// call. On by default; where the server has no functions, or the user
-    /// may not load them, calls go by `EVALSHA`. The library
+    /// may not load them, calls go by `EVALSHA`. A call whose `FCALL` is
+    /// refused (an ACL changed, the library lost to `FUNCTION FLUSH`) goes
+    /// again by `EVALSHA`, and so do the calls after it until the library,
+    /// tried again in the background, answers. The library
     /// (`ratelimit_<version>`) stays in Redis like any function: `FUNCTION
     /// DELETE` removes it.
     pub functions: bool,

@@ -79,7 +79,8 @@ local function sliding_log(key, now, slack, count, burst, period, cost)
     -- The units counted before the window's first call (all of them when
     -- none is in the window), and its first call.
     local base, first = newest or 0, nil
-    if newest then
+    -- (A newest call out of the window leaves none in it.)
+    if newest and newest_at + period > now then
         first = redis_call('ZRANGEBYSCORE', key, above(now - period), LOG_END, 'LIMIT', '0', '1')[1]
         if first then
             local through, units = struct_unpack('>dd', first)
