@@ -6,6 +6,8 @@
 //! nowhere else, whether the call went alone or in a batch, and whether its
 //! caller timed out or went away; so is what a refund names.
 
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use ratelimit_runtime::backend::redis::RedisBackend;
@@ -230,6 +232,52 @@ async fn what_redis_granted_a_caller_that_left_is_given_back() {
         let left =
             tokio::time::timeout(Duration::from_millis(50), limiter.acquire(&rule, &key, 1)).await;
         assert!(left.is_err(), "the caller went away");
+        first_ok("still held", Duration::from_millis(50), || async {
+            let next = other.peek(&rule, &key).await.unwrap();
+            if next.allowed {
+                Ok(())
+            } else {
+                Err(format!("{next:?}"))
+            }
+        })
+        .await;
+    }
+}
+
+/// A caller that goes away after its answer was handed to it, before it
+/// read it (an outer timeout, or a client gone, while its task waited to
+/// run): what Redis allowed it (a lease, a counted check, a logged call)
+/// stayed held, the lease for its whole period. The answer, dropped unread,
+/// now gives it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_left_unread_is_given_back() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let redis = through(&proxy, Duration::from_secs(2))
+        .await
+        .batch_every_check();
+    let other = direct(&server).await;
+    for rule in [
+        Rule::concurrency(1, Duration::from_secs(60)),
+        Rule::fixed_window(1, Duration::from_secs(60)),
+        Rule::sliding_log(1, Duration::from_secs(60)),
+    ] {
+        let key = format!("limiter:unread:{:?}", rule.algorithm());
+        let mut call: Pin<Box<dyn Future<Output = _> + Send + '_>> =
+            if rule.algorithm() == Algorithm::Concurrency {
+                Box::pin(redis.acquire(&rule, &key, 1, 7))
+            } else {
+                Box::pin(redis.check(&rule, &key, 1))
+            };
+        // One poll: the call is queued, and the batch task sends it; its
+        // reply is held back a moment, so it is not read at once.
+        proxy.delay_reply_to(key.as_bytes(), Duration::from_millis(300));
+        let polled = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        assert!(polled.is_pending(), "{polled:?}");
+        // The answer has come back and been handed over by now, unread.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert!(!other.peek(&rule, &key).await.unwrap().allowed, "it ran");
+        drop(call);
         first_ok("still held", Duration::from_millis(50), || async {
             let next = other.peek(&rule, &key).await.unwrap();
             if next.allowed {

@@ -13,11 +13,12 @@ use super::codec::{self, Call, Clock, Op};
 use super::connection::{
     Busy, Conn, Target, call_script, functions_refused, not_run, not_sent, script_call,
 };
+use super::give_back::{self, Delivered, Settled};
 use super::nodes;
 use super::scripts::Scripts;
 use super::{Expired, RedisBackend, Stopped, TimedOut};
 use crate::Error;
-use crate::algorithm::{self, Outcome, spec};
+use crate::algorithm::Outcome;
 use crate::backend::StoredKey;
 
 /// The most checks one batch carries (a batch holds the server for its
@@ -44,10 +45,10 @@ const RELEASED: Outcome = Outcome {
 pub(super) type Ran = (Outcome, Option<u64>);
 
 /// Where a job's answer arrives.
-pub(super) type Answer = oneshot::Receiver<Result<Ran, Error>>;
+pub(super) type Answer = oneshot::Receiver<Result<Delivered, Error>>;
 
 /// Where a job's answer goes.
-type Reply = oneshot::Sender<Result<Ran, Error>>;
+type Reply = oneshot::Sender<Result<Delivered, Error>>;
 
 /// One check (or release) waiting to be sent in a batch.
 pub(super) struct Job {
@@ -82,9 +83,20 @@ impl Job {
         self.reply.as_ref().is_some_and(|reply| !reply.is_closed())
     }
 
-    fn answer(mut self, answer: Result<Ran, Error>) {
+    /// A job whose caller is gone, or was never there: it runs unless
+    /// nothing needs it (see [`Job::must_run`]).
+    pub(super) fn detached(key: StoredKey, call: Call) -> Job {
+        Job {
+            key,
+            call,
+            deadline: Instant::now() + Duration::from_secs(1),
+            reply: None,
+        }
+    }
+
+    fn fail(mut self, error: Error) {
         if let Some(reply) = self.reply.take() {
-            let _ = reply.send(answer);
+            let _ = reply.send(Err(error));
         }
     }
 
@@ -93,34 +105,6 @@ impl Job {
     fn must_run(&self) -> bool {
         self.call.op == Op::Release || self.reply.is_none()
     }
-}
-
-/// What gives back the units an allowed check took for a caller that did
-/// not hear of it (it stopped waiting, or the answer never came in time):
-/// the release of its lease, or a refund of its cost naming what counted it
-/// (the stamp of its `outcome`, run at `now`), so that it lands there or
-/// nowhere. `None` for what is not a check, and where the algorithm has no
-/// refund.
-fn give_back_of(key: &StoredKey, call: &Call, outcome: &Outcome, now: Option<u64>) -> Option<Job> {
-    let (op, lease) = match call.op {
-        Op::Check(_) if call.lease.is_some() => (Op::Release, call.lease),
-        Op::Check(algorithm) if spec(algorithm).refund.is_some() => {
-            let stamp = algorithm::stamp(algorithm, call.period_us, now?, outcome);
-            (Op::Refund(algorithm), Some(stamp))
-        }
-        _ => return None,
-    };
-    Some(Job {
-        key: key.clone(),
-        call: Call {
-            op,
-            lease,
-            deadline: None,
-            ..*call
-        },
-        deadline: Instant::now() + Duration::from_secs(1),
-        reply: None,
-    })
 }
 
 /// The queue of the task that sends coalesced checks, and that task.
@@ -283,7 +267,7 @@ pub(super) async fn run_batches(
 /// Jobs in the groups that go in one script call each: all of them on a
 /// single server; on a cluster, one group per master by the slot map, or
 /// each alone where no map is known (see [`nodes`]).
-fn by_call(jobs: Vec<Job>, conn: &Conn) -> Vec<Vec<Job>> {
+pub(super) fn by_call(jobs: Vec<Job>, conn: &Conn) -> Vec<Vec<Job>> {
     if !matches!(conn.target, Target::Cluster(_)) {
         return vec![jobs];
     }
@@ -341,7 +325,7 @@ pub(super) async fn send_batch(
     jobs.retain(|job| job.must_run() || job.is_waited_for());
     let now = Instant::now();
     for late in jobs.extract_if(.., |job| !job.must_run() && job.deadline <= now) {
-        late.answer(Err(Error::backend(Expired(timeout))));
+        late.fail(Error::backend(Expired(timeout)));
     }
     let Some(latest) = jobs.iter().map(|job| job.deadline).max() else {
         return;
@@ -484,7 +468,7 @@ pub(super) async fn send_batch(
 /// gives back what an allowed check took for a caller no longer waiting.
 fn settle(
     reply: Result<Vec<u8>, Error>,
-    wire: &[(StoredKey, Call)],
+    wire: &Arc<[(StoredKey, Call)]>,
     checks: usize,
     replies: Vec<(Instant, Option<Reply>)>,
     conn: &Arc<Conn>,
@@ -512,39 +496,61 @@ fn settle(
             let mut answers = answers.into_iter();
             let mut give_backs = Vec::new();
             let mut refused = Vec::new();
-            for ((key, call), (deadline, reply)) in wire.iter().zip(replies) {
+            // Made for the first answer that may be left unread.
+            let mut batch: Option<Arc<Settled>> = None;
+            for (i, ((key, call), (deadline, reply))) in wire.iter().zip(replies).enumerate() {
                 let answer = answers.next().unwrap_or(codec::Answer::Ran(RELEASED));
                 let now = match call.clock {
                     Clock::Server => server_time,
                     Clock::Fixed(now) => Some(now),
                 };
-                let waited = reply.as_ref().is_some_and(|reply| !reply.is_closed());
-                if let (codec::Answer::Ran(outcome), false) = (answer, waited)
-                    && outcome.allowed
-                    && let Some(job) = give_back_of(key, call, &outcome, now)
-                {
-                    tracing::debug!(
-                        "Redis allowed a check whose caller had stopped waiting: given back"
-                    );
-                    give_backs.push(job);
-                }
-                let answer = match answer {
-                    codec::Answer::Ran(outcome) => Ok((outcome, now)),
-                    codec::Answer::Late => Err(Error::backend(Expired(timeout))),
+                let outcome = match answer {
+                    codec::Answer::Ran(outcome) => outcome,
+                    codec::Answer::Late => {
+                        if let Some(reply) = reply {
+                            let _ = reply.send(Err(Error::backend(Expired(timeout))));
+                        }
+                        continue;
+                    }
                     codec::Answer::Refused => {
                         refused.push((key, call, (deadline, reply)));
                         continue;
                     }
                 };
-                if let Some(reply) = reply {
-                    let _ = reply.send(answer);
+                let holds = outcome.allowed && give_back::holds(call);
+                match reply {
+                    Some(reply) if !reply.is_closed() => {
+                        // Left unread (its caller goes away before it reads
+                        // it), the answer gives back what it holds.
+                        let unread = holds.then(|| {
+                            let batch = batch.get_or_insert_with(|| {
+                                Arc::new(Settled {
+                                    wire: Arc::clone(wire),
+                                    conn: Arc::clone(conn),
+                                    scripts: Arc::clone(scripts),
+                                    timeout,
+                                })
+                            });
+                            (Arc::clone(batch), i)
+                        });
+                        let _ = reply.send(Ok(Delivered::new((outcome, now), unread)));
+                    }
+                    _ if holds => {
+                        if let Some(job) = give_back::give_back_of(key, call, &outcome, now) {
+                            tracing::debug!(
+                                "Redis allowed a check whose caller had stopped waiting: given back"
+                            );
+                            give_backs.push(job);
+                        }
+                    }
+                    _ => {}
                 }
             }
             if !refused.is_empty() {
                 send_alone(refused.into_iter(), conn, scripts, timeout);
             }
             if !give_backs.is_empty() {
-                tokio::spawn(give_back(
+                tokio::spawn(give_back::give_back(
                     give_backs,
                     Arc::clone(conn),
                     Arc::clone(scripts),
@@ -561,31 +567,6 @@ fn settle(
             }
         }
     }
-}
-
-/// Sends what is given back for callers that are gone: the releases of
-/// their leases and the refunds of their checks (boxed: a batch that sends
-/// them is itself a batch). Then a refusal remembered for their keys (the
-/// limiter's over-limit cache) is forgotten.
-fn give_back(
-    jobs: Vec<Job>,
-    conn: Arc<Conn>,
-    scripts: Arc<Scripts>,
-    timeout: Duration,
-) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
-    Box::pin(async move {
-        let keys: Vec<StoredKey> = jobs.iter().map(|job| job.key.clone()).collect();
-        for calls in by_call(jobs, &conn) {
-            send_batch(calls, &conn, &scripts, timeout).await;
-        }
-        if let Some(forget) = conn.given_back.get() {
-            for key in &keys {
-                if let Ok(key) = std::str::from_utf8(key.as_bytes()) {
-                    forget(key);
-                }
-            }
-        }
-    })
 }
 
 /// Sends each of these calls of a cluster batch that did not run (their
@@ -630,11 +611,12 @@ fn send_alone<'a>(
 /// A job's answer. The batch task gives it by the job's deadline, or drops
 /// the job when the task is gone (its runtime ended).
 pub(super) async fn answered(
-    answer: impl Future<Output = Result<Result<Ran, Error>, oneshot::error::RecvError>>,
+    answer: impl Future<Output = Result<Result<Delivered, Error>, oneshot::error::RecvError>>,
 ) -> Result<Ran, Error> {
-    answer
-        .await
-        .unwrap_or_else(|_| Err(Error::backend(Stopped)))
+    match answer.await {
+        Ok(answer) => answer.map(Delivered::read),
+        Err(_) => Err(Error::backend(Stopped)),
+    }
 }
 
 /// Puts the first check of each key first, and a key's later checks (a hot

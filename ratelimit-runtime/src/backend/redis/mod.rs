@@ -8,6 +8,7 @@
 mod batch;
 mod codec;
 mod connection;
+mod give_back;
 mod nodes;
 mod scripts;
 mod tls;
