@@ -226,3 +226,176 @@ async fn a_cluster_master_that_lost_its_library_fails_no_batch() {
     )
     .await;
 }
+
+/// A server restarted without `FCALL` (an older or proxied Redis, renamed
+/// here): the first `FCALL` meets "unknown command" (quoting the call's
+/// bytes, which the client cannot read: that call fails), and the checks
+/// after it go by `EVALSHA`, none failing; restarted with it, the library
+/// is loaded and used again. Before, every check failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_fcall_is_served_by_scripts() {
+    let mut server = RedisServer::start();
+    let options = ConnectOptions {
+        timeout: Duration::from_secs(2),
+        ..ConnectOptions::default()
+    };
+    let redis = RedisBackend::open(&server.url(), options).await.unwrap();
+    let rule = Rule::fixed_window(1_000, Duration::from_secs(60));
+    let key = "limiter:fn:renamed";
+    assert!(redis.check(&rule, key, 1).await.unwrap().allowed);
+    server.restart_with_args(&["--rename-command", "FCALL", ""]);
+    // The connection is made again, and FCALL found missing.
+    first_ok("no answer", Duration::from_millis(50), || {
+        redis.check(&rule, "limiter:fn:reconnect", 1)
+    })
+    .await;
+    let mut admin = server.connection();
+    for left in (990..=999).rev() {
+        let decision = redis.check(&rule, key, 1).await.expect("answered");
+        assert_eq!(decision.remaining, left);
+    }
+    assert!(calls_of(&mut admin, "evalsha") >= 10);
+    server.restart();
+    first_ok("no answer", Duration::from_millis(50), || {
+        redis.check(&rule, "limiter:fn:reconnect", 1)
+    })
+    .await;
+    let mut admin = server.connection();
+    back_to_fcall(&redis, &mut admin, &rule).await;
+}
+
+/// Sets the ACL rule `rule` of the default user on every node.
+fn acl_everywhere(cluster: &RedisCluster, rule: &str) {
+    for node in &cluster.nodes {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("default")
+            .arg(rule)
+            .query(&mut node.connection())
+            .unwrap();
+    }
+}
+
+/// The `FCALL`s all masters ran so far.
+fn cluster_fcalls(cluster: &RedisCluster) -> u64 {
+    cluster
+        .masters()
+        .into_iter()
+        .map(|port| calls_of(&mut cluster.connection(port), "fcall"))
+        .sum()
+}
+
+/// On a cluster, an ACL that revokes `FCALL` while 16 tasks check keys of
+/// every master, alone and in per-master batches, then restores it: every
+/// check answered, each counted once, and the library used again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fcall_revoked_on_a_cluster_fails_no_batch() {
+    let cluster = RedisCluster::start();
+    let options = ConnectOptions {
+        timeout: Duration::from_secs(2),
+        ..ConnectOptions::default()
+    };
+    let alone = RedisBackend::open_cluster(&cluster.urls(), options)
+        .await
+        .unwrap();
+    let batched = alone.clone().batch_every_check();
+    let rule = Rule::fixed_window(1_000_000, Duration::from_secs(60));
+    let keys: Arc<Vec<String>> = Arc::new((0..30).map(|i| format!("limiter:acl:{i}")).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = (0..16)
+        .map(|task| {
+            let redis = if task % 2 == 0 { &alone } else { &batched }.clone();
+            let (keys, stop) = (keys.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut allowed = vec![0u64; keys.len()];
+                let mut round = task;
+                while !stop.load(Ordering::Relaxed) {
+                    round += 7;
+                    let i = round % keys.len();
+                    let decision = redis.check(&rule, &keys[i], 1).await;
+                    assert!(decision.expect("every check answered").allowed);
+                    allowed[i] += 1;
+                }
+                allowed
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    acl_everywhere(&cluster, "-fcall");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    acl_everywhere(&cluster, "+fcall");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut allowed = vec![0u64; keys.len()];
+    for task in tasks {
+        for (total, n) in allowed.iter_mut().zip(task.await.unwrap()) {
+            *total += n;
+        }
+    }
+    for (key, allowed) in keys.iter().zip(allowed) {
+        let master = cluster.master_for(key);
+        assert_eq!(
+            counted(&mut cluster.connection(master), key),
+            allowed,
+            "{key}"
+        );
+    }
+    let cluster = &cluster;
+    first_ok("still by EVALSHA", Duration::from_millis(50), || {
+        let before = cluster_fcalls(cluster);
+        let check = batched.check(&rule, &keys[0], 1);
+        async move {
+            check.await.unwrap();
+            if cluster_fcalls(cluster) > before {
+                Ok(())
+            } else {
+                Err("no FCALL")
+            }
+        }
+    })
+    .await;
+}
+
+/// One master's library flushed at a time: a check bound for it meets
+/// "function not found", and the library, tried again, is loaded there.
+/// Every master is asked: before, one was, at random, and one that still
+/// had it answered for the master that had lost it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_master_that_lost_its_library_gets_it_again() {
+    let cluster = RedisCluster::start();
+    let options = ConnectOptions {
+        timeout: Duration::from_secs(2),
+        ..ConnectOptions::default()
+    };
+    let redis = RedisBackend::open_cluster(&cluster.urls(), options)
+        .await
+        .unwrap();
+    let rule = Rule::fixed_window(1_000, Duration::from_secs(60));
+    let masters = cluster.masters();
+    for round in 0..4 {
+        let flushed = masters[round % masters.len()];
+        let key = (0..)
+            .map(|i| format!("limiter:lost:{i}"))
+            .find(|key| cluster.master_for(key) == flushed)
+            .unwrap();
+        let _: () = redis::cmd("FUNCTION")
+            .arg("FLUSH")
+            .query(&mut cluster.connection(flushed))
+            .unwrap();
+        assert!(redis.check(&rule, &key, 1).await.unwrap().allowed);
+        first_ok("not loaded again", Duration::from_millis(50), || {
+            let listed: Vec<redis::Value> = redis::cmd("FUNCTION")
+                .arg("LIST")
+                .query(&mut cluster.connection(flushed))
+                .unwrap();
+            async move {
+                if listed.is_empty() {
+                    Err(format!("round {round}: none on {flushed}"))
+                } else {
+                    Ok(())
+                }
+            }
+        })
+        .await;
+    }
+}

@@ -66,10 +66,20 @@ impl RedisServer {
 
     /// Starts a server again on the port it had (after [`kill`](Self::kill)).
     pub fn restart(&mut self) {
+        self.restart_with_args(&[]);
+    }
+
+    /// Kills the server and starts one with extra arguments on its port
+    /// (`--rename-command FCALL ""`: a server without a command).
+    ///
+    /// # Panics
+    ///
+    /// If no server answers on the port within 10 s.
+    pub fn restart_with_args(&mut self, extra: &[&str]) {
         self.kill();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            match RedisServer::try_start(self.port, &[]) {
+            match RedisServer::try_start(self.port, extra) {
                 Ok(mut server) => {
                     // Swap the new process in; the old handle (same port, same
                     // folder) must not delete what the new one uses.

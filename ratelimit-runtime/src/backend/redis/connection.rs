@@ -10,7 +10,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::{
     Cmd, ErrorKind, FromRedisValue, RedisError, RetryMethod, Script, ServerErrorKind, Value,
 };
@@ -212,8 +214,10 @@ impl Live {
 
     /// Makes sure the library can be called: calls its function once with
     /// an empty batch (which answers nothing), and where it is not loaded,
-    /// loads it (on every master of a cluster) and calls it again. A user
-    /// may be allowed `FCALL` but not `FUNCTION`, or the other way round.
+    /// loads it and calls it again. On a cluster every master is asked (one
+    /// may have lost it while the others have it), and it is loaded on
+    /// every master. A user may be allowed `FCALL` but not `FUNCTION`, or
+    /// the other way round.
     pub(super) async fn load_library(&mut self, library: &Library) -> Result<(), RedisError> {
         let mut probe = redis::cmd("FCALL");
         probe
@@ -224,14 +228,30 @@ impl Live {
             .arg("")
             .arg(0)
             .arg("");
-        match self.query::<Vec<u8>>(&probe).await {
+        match self.everywhere(&probe).await {
             Err(error) if function_missing(&error) => {}
-            reply => return reply.map(drop),
+            reply => return reply,
         }
         let mut load = redis::cmd("FUNCTION");
         load.arg("LOAD").arg("REPLACE").arg(&library.source);
-        self.query::<String>(&load).await?;
-        self.query::<Vec<u8>>(&probe).await.map(drop)
+        self.everywhere(&load).await?;
+        self.everywhere(&probe).await
+    }
+
+    /// Sends `cmd` to the server, or to every master of a cluster: the
+    /// first error any of them answered.
+    async fn everywhere(&mut self, cmd: &Cmd) -> Result<(), RedisError> {
+        let Live::Cluster(conn) = self else {
+            return self.query::<Value>(cmd).await.map(drop);
+        };
+        let route = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        // Each master's answer, by its address.
+        match conn.route_command(cmd.clone(), route).await? {
+            Value::Map(answers) => answers
+                .into_iter()
+                .try_for_each(|(_, answer)| answer.extract_error().map(drop)),
+            answer => answer.extract_error().map(drop),
+        }
     }
 }
 
@@ -325,7 +345,8 @@ pub(super) fn script_call(function: bool, name: &str, script: &Script) -> Cmd {
 /// (but a `node` call, whose keys `EVALSHA` cannot take: that refusal is the
 /// caller's to handle), and leaves scripts in use until the library is
 /// loaded again, which is tried later in the background (see
-/// [`Conn::restore_functions`]). A script the server lost (`NOSCRIPT`) is
+/// [`Conn::restore_functions`]); an answer to `FCALL` that does not parse
+/// fails its call and does the same. A script the server lost (`NOSCRIPT`) is
 /// loaded again and the call sent once more.
 pub(super) async fn call_script<T: FromRedisValue>(
     live: &mut Live,
@@ -343,6 +364,15 @@ pub(super) async fn call_script<T: FromRedisValue>(
                 if route.is_some() {
                     return Err(e);
                 }
+            }
+            Err(e) if e.kind() == ErrorKind::Parse => {
+                // An answer the client could not read: a server without
+                // `FCALL` quotes the call's arguments (bytes, not text) in
+                // its "unknown command". That the call did not run cannot
+                // be told, so it fails; the calls after it go by `EVALSHA`
+                // until the library answers a call of text again.
+                conn.functions_refused(&e);
+                return Err(e);
             }
             reply => return reply,
         }
