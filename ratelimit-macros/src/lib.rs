@@ -4,6 +4,7 @@
 
 mod attr;
 mod expand;
+mod fallback;
 mod key;
 mod options;
 
