@@ -2,7 +2,7 @@
 //! `Path(id): Path<u32>` bound to hidden names first), and a call whose
 //! mismatch is reported in our words: the signature the fallback must have.
 
-use proc_macro2::{Delimiter, Spacing, TokenStream, TokenTree};
+use proc_macro2::{Delimiter, Spacing, Span, TokenStream, TokenTree};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, Ident, ItemFn, Pat, PatIdent, PatWild, ReturnType};
@@ -160,9 +160,13 @@ pub(crate) fn call(
     // Named after the fn: the compiler's notes name the trait, and would
     // point at another fn's trait of the same name.
     let name = format_ident!("__RateLimitFallbackOf_{}", fn_name);
-    let call = quote_spanned! {span=>
-        <_ as #name<_, #out, _>>::__ratelimit_call(__ratelimit_args, #fallback)
-    };
+    // The call is reported at the fallback. Its callee is located there
+    // but resolved in the expansion: clippy takes a callee spanned exactly
+    // like an argument for a call of that argument, and would lint an
+    // async fallback without `.await` as `unused_async`.
+    let callee_span = span.resolved_at(Span::call_site());
+    let callee = quote_spanned!(callee_span=> <_ as #name<_, #out, _>>::__ratelimit_call);
+    let call = quote_spanned!(span=> #callee(__ratelimit_args, #fallback));
     quote! {{
         // Implemented by the arguments' tuple for a fallback `F` that takes
         // them: the arguments' types are known before `F` is looked at, so

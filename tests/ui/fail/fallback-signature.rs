@@ -54,4 +54,20 @@ impl Account {
     }
 }
 
+// An axum handler's fallback takes its extractors, as the handler writes them.
+#[derive(Clone)]
+struct App;
+
+#[rate_limit(key = "item:{id}", count = 3, fallback = busy)]
+async fn item(
+    axum::extract::State(_app): axum::extract::State<App>,
+    axum::extract::Path(id): axum::extract::Path<u32>,
+) -> impl axum::response::IntoResponse {
+    id.to_string()
+}
+
+async fn busy(axum::extract::Path(id): axum::extract::Path<u32>, _limited: RateLimited) -> String {
+    id.to_string()
+}
+
 fn main() {}
