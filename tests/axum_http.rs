@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum::extract::Path;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
@@ -305,6 +305,66 @@ async fn fallbacks_headers_and_paths_limit_as_on_actix() {
     assert_eq!(get_from(ONE, addr, "/user/ann", &[]).await.status, 200);
     assert_eq!(get_from(ONE, addr, "/user/ann", &[]).await.status, 429);
     assert_eq!(get_from(ONE, addr, "/user/bob", &[]).await.status, 200);
+}
+
+/// The app's state, for handlers written as axum's docs write them.
+#[derive(Clone)]
+struct Shop {
+    name: &'static str,
+}
+
+/// Destructured extractors, a key from one of them, a fallback, a one-line
+/// body.
+#[rate_limit(key = "axum_item:{id}", period = 10, count = 1, fallback = item_busy)]
+async fn item(State(shop): State<Shop>, Path(id): Path<u32>) -> impl IntoResponse {
+    format!("{} sells item {id}", shop.name)
+}
+
+/// The fallback takes the handler's extractors, destructured as it likes.
+async fn item_busy(
+    State(shop): State<Shop>,
+    Path(id): Path<u32>,
+    limited: RateLimited,
+) -> impl IntoResponse {
+    let message = format!(
+        "{}: item {id} is busy for {} s",
+        shop.name,
+        limited.retry_after_secs()
+    );
+    (StatusCode::SERVICE_UNAVAILABLE, message)
+}
+
+#[tokio::test]
+async fn destructured_extractors_reach_the_key_the_body_and_the_fallback() {
+    let app = Router::new()
+        .route("/item/{id}", get(item))
+        .with_state(Shop {
+            name: "corner shop",
+        })
+        .layer(Extension(RateLimiter::in_memory()));
+    let addr = serve(app).await;
+    let first = get_from(ONE, addr, "/item/7", &[]).await;
+    assert_eq!(
+        (first.status, first.body.as_str()),
+        (200, "corner shop sells item 7")
+    );
+    assert!(first.header("ratelimit").is_some(), "{first:?}");
+    let second = get_from(ONE, addr, "/item/7", &[]).await;
+    assert_eq!(
+        second.status, 503,
+        "the fallback's own response: {second:?}"
+    );
+    assert!(
+        second.body.starts_with("corner shop: item 7 is busy for "),
+        "{second:?}"
+    );
+    assert!(second.header("ratelimit").is_some(), "{second:?}");
+    // The key holds the path's id: another item has its own budget.
+    let other = get_from(ONE, addr, "/item/8", &[]).await;
+    assert_eq!(
+        (other.status, other.body.as_str()),
+        (200, "corner shop sells item 8")
+    );
 }
 
 const LAYERED: Rule = Rule::fixed_window(2, Duration::from_secs(10));

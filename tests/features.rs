@@ -62,7 +62,10 @@ fn check_errors() -> Vec<String> {
         .filter(|line| line.starts_with("src/") && line.contains(": error"))
         .map(str::to_owned)
         .collect();
-    assert!(!errors.is_empty(), "no error in the crate's code:\n{stderr}");
+    assert!(
+        !errors.is_empty(),
+        "no error in the crate's code:\n{stderr}"
+    );
     errors
 }
 
