@@ -45,9 +45,12 @@ use proc_macro::TokenStream;
 ///   an error for the other algorithms.
 /// - `cost = N`: units one call takes (default 1); over the capacity
 ///   (`burst` or `count`) is a compile error.
-/// - `fallback = path`: what a refused call answers instead of running the body: an `async fn` called with the fn's
-///   own arguments (`self` first for methods) and a `RateLimited`, returning
-///   the fn's return type.
+/// - `fallback = path`: what a refused call answers instead of running the
+///   body: an `async fn` called with the fn's own arguments (`self` first
+///   for methods) and a `RateLimited`, returning the fn's return type. A
+///   parameter written as a pattern (axum's `State(app): State<App>`) is
+///   handed on whole: the fallback takes the same extractors. One that does
+///   not fit is an error at the path that states the signature expected.
 /// - `on_error = allow | deny | local`: when the backend fails or times out,
 ///   let the call through, refuse it (`RateLimited::is_backend_failure()`;
 ///   503 from an HTTP handler), or check it in process memory. Default:
@@ -86,8 +89,11 @@ use proc_macro::TokenStream;
 ///   filters. Two rules of one fn may not share a key.
 /// - A `concurrency` rule holds its units while the body runs; they are
 ///   released when the call ends, also by error, panic or cancellation.
+/// - HTTP handlers need the runtime's `actix` or `axum` feature; without
+///   them, a handler is a compile error that names them.
 /// - Mistakes are compile errors at the offending token, and the fn is still
-///   emitted unchanged so the rest of the code type-checks.
+///   emitted unchanged so the rest of the code type-checks. The expansion
+///   fires no lint in the user's code (`-D warnings` builds).
 ///
 /// # Examples
 ///
