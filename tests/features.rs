@@ -4,7 +4,6 @@
 //! (`ratelimit-runtime = "0.1"`) and reads the compiler's errors.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The crate: a plain fn, which needs no feature, and two handlers.
 const MAIN: &str = r#"use ratelimit_runtime::{rate_limit, RateLimited};
@@ -48,7 +47,7 @@ fn check_errors() -> Vec<String> {
     .unwrap();
     std::fs::write(root.join("src/main.rs"), MAIN).unwrap();
     std::fs::copy(workspace().join("Cargo.lock"), root.join("Cargo.lock")).unwrap();
-    let output = Command::new(env!("CARGO"))
+    let output = ratelimit_test_support::cargo(env!("CARGO"))
         .args(["check", "--offline", "--quiet", "--message-format=short"])
         .current_dir(&root)
         .env("CARGO_TARGET_DIR", root.join("target"))

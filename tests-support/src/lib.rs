@@ -8,8 +8,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod cargo;
 mod managed;
 mod proxy;
+pub use cargo::cargo;
 pub use managed::{MASTER_NAME, SentinelSet, TestCa, TlsServer, acl_server};
 pub use proxy::Proxy;
 
