@@ -337,6 +337,14 @@ mod tests {
     }
 
     #[test]
+    fn a_raw_fn_name_makes_a_trait_name() {
+        let fallback: syn::Path = syn::parse_quote!(later);
+        let name: Ident = syn::parse_quote!(r#type);
+        let tokens = call(&fallback, &[], None, "async fn later()", &name).to_string();
+        assert!(tokens.contains("__RateLimitFallbackOf_type"), "{tokens}");
+    }
+
+    #[test]
     fn patterns_get_hidden_names_and_keyed_names_are_bound_by_reference() {
         let mut func: ItemFn = syn::parse_quote! {
             async fn item(State(app): State<App>, Path((id, mut n)): Path<(u32, u32)>, plain: u8) {}
