@@ -341,24 +341,10 @@ fn reject(
 ) -> TokenStream {
     let value = match (&rule.fallback, signature) {
         (Some(fallback), Some(signature)) => {
-            // The fallback answers the fn's return type as written, named
-            // where it can be, so a wrong one is the fallback's error.
-            let out = match &func.sig.output {
-                ReturnType::Type(_, ty)
-                    if crate::attr::mentions(ty.to_token_stream(), &["impl"]) =>
-                {
-                    None
-                }
-                ReturnType::Type(_, ty) => Some((**ty).clone()),
-                ReturnType::Default => Some(syn::parse_quote!(())),
-            };
-            fallback::call(
-                fallback,
-                forwarded,
-                out.as_ref(),
-                signature,
-                &func.sig.ident,
-            )
+            // What the fallback answers: the fn's return type as written,
+            // named where it can be, so a wrong one is the fallback's error.
+            let out = fallback::output(func);
+            fallback::call(fallback, forwarded, &out, signature, &func.sig.ident)
         }
         _ if config.responder => {
             return quote! {

@@ -5,7 +5,7 @@
 use proc_macro2::{Delimiter, Spacing, Span, TokenStream, TokenTree};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{FnArg, Ident, ItemFn, Pat, PatIdent, PatWild, ReturnType};
+use syn::{FnArg, Ident, ItemFn, Pat, PatIdent, PatWild, ReturnType, Type, TypeParamBound};
 
 /// The fn's arguments as the fallback receives them: `self` first, then
 /// each parameter by name. A parameter written as a pattern gets a hidden
@@ -124,16 +124,73 @@ pub(crate) fn expected_signature(func: &ItemFn, fallback: &syn::Path) -> String 
     format!("async fn {name}{generics}({}){output}", params.join(", "))
 }
 
-/// The call of the fallback, an expression of the fn's return type (`out`,
-/// or inferred where it cannot be named): `args` moved in, then the
-/// `RateLimited`. The call goes through a trait of this call site's own,
-/// implemented for every async fn of the right shape, whose message is the
-/// signature expected: a fallback that does not fit is that one error, at
-/// `fallback = path`, and not a type mismatch inside the expansion.
+/// What a fallback must return, as far as the expansion can name it.
+pub(crate) enum Output {
+    /// The fn's return type, as written.
+    Named(Box<syn::Type>),
+    /// Inferred (`impl Trait`), with the traits the value must implement
+    /// that can be named in the fn's body (not those with its generics,
+    /// `Self` or lifetimes).
+    Inferred(Vec<syn::TraitBound>),
+}
+
+/// What `func`'s fallback must return.
+pub(crate) fn output(func: &ItemFn) -> Output {
+    let ty = match &func.sig.output {
+        ReturnType::Default => return Output::Named(Box::new(syn::parse_quote!(()))),
+        ReturnType::Type(_, ty) => &**ty,
+    };
+    if !crate::attr::mentions(ty.to_token_stream(), &["impl"]) {
+        return Output::Named(Box::new(ty.clone()));
+    }
+    let Type::ImplTrait(imp) = ty else {
+        return Output::Inferred(Vec::new());
+    };
+    let mut outer: Vec<String> = vec!["Self".to_owned()];
+    outer.extend(func.sig.generics.type_params().map(|p| p.ident.to_string()));
+    outer.extend(
+        func.sig
+            .generics
+            .const_params()
+            .map(|p| p.ident.to_string()),
+    );
+    let outer: Vec<&str> = outer.iter().map(String::as_str).collect();
+    let bounds = imp
+        .bounds
+        .iter()
+        .filter_map(|bound| match bound {
+            TypeParamBound::Trait(bound)
+                if bound.maybe.is_none()
+                    && bound.lifetimes.is_none()
+                    && !crate::attr::mentions(bound.to_token_stream(), &outer)
+                    && !has_lifetime(bound.to_token_stream()) =>
+            {
+                Some(bound.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    Output::Inferred(bounds)
+}
+
+fn has_lifetime(tokens: TokenStream) -> bool {
+    tokens.into_iter().any(|tree| match tree {
+        TokenTree::Punct(punct) => punct.as_char() == '\'',
+        TokenTree::Group(group) => has_lifetime(group.stream()),
+        _ => false,
+    })
+}
+
+/// The call of the fallback, an expression of the fn's return type: `args`
+/// moved in, then the `RateLimited`. The call goes through a trait of this
+/// call site's own, implemented for every async fn of the right shape, whose
+/// message is the signature expected: a fallback that does not fit is that
+/// one error, at `fallback = path`, and not a type mismatch inside the
+/// expansion.
 pub(crate) fn call(
     fallback: &syn::Path,
     args: &[Ident],
-    out: Option<&syn::Type>,
+    out: &Output,
     signature: &str,
     fn_name: &Ident,
 ) -> TokenStream {
@@ -153,9 +210,9 @@ pub(crate) fn call(
     let args = args
         .iter()
         .map(|ident| Ident::new(&ident.to_string(), span));
-    let out = match out {
-        Some(ty) => ty.to_token_stream(),
-        None => quote!(_),
+    let (out, bounds) = match out {
+        Output::Named(ty) => (ty.to_token_stream(), Vec::new()),
+        Output::Inferred(bounds) => (quote!(_), bounds.clone()),
     };
     // Named after the fn: the compiler's notes name the trait, and would
     // point at another fn's trait of the same name.
@@ -191,6 +248,7 @@ pub(crate) fn call(
         where
             __F: ::core::ops::FnOnce(#(#types),*) -> __Fut,
             __Fut: ::core::future::Future,
+            #(<__Fut as ::core::future::Future>::Output: #bounds,)*
         {
             type Future = __Fut;
             fn __ratelimit_call(self, fallback: __F) -> __Fut {
@@ -340,7 +398,8 @@ mod tests {
     fn a_raw_fn_name_makes_a_trait_name() {
         let fallback: syn::Path = syn::parse_quote!(later);
         let name: Ident = syn::parse_quote!(r#type);
-        let tokens = call(&fallback, &[], None, "async fn later()", &name).to_string();
+        let out = Output::Inferred(Vec::new());
+        let tokens = call(&fallback, &[], &out, "async fn later()", &name).to_string();
         assert!(tokens.contains("__RateLimitFallbackOf_type"), "{tokens}");
     }
 

@@ -70,4 +70,16 @@ async fn busy(axum::extract::Path(id): axum::extract::Path<u32>, _limited: RateL
     id.to_string()
 }
 
+// A handler's fallback must answer a response.
+struct NotAResponse;
+
+#[rate_limit(key = "ip", count = 3, by = ip, fallback = not_a_response)]
+async fn by_ip() -> impl axum::response::IntoResponse {
+    "ok"
+}
+
+async fn not_a_response(_limited: RateLimited) -> NotAResponse {
+    NotAResponse
+}
+
 fn main() {}
