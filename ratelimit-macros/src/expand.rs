@@ -207,8 +207,8 @@ fn http_handler(
 ) -> TokenStream {
     let message = format!(
         "{} makes `{}` an HTTP handler, which needs the `actix` or `axum` feature of \
-         `ratelimit-runtime`: `ratelimit-runtime = {{ version = \"0.1\", features = [\"axum\"] }}` \
-         (or `\"actix\"`)",
+         `ratelimit-runtime`: add `features = [\"axum\"]` (or `\"actix\"`) to its entry in \
+         Cargo.toml",
         handler.why, original.sig.ident
     );
     let span = handler.span;
