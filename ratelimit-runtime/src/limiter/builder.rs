@@ -178,8 +178,11 @@ impl RateLimiterBuilder {
 
     /// At most about `max_keys` keys in process memory (the in-memory store,
     /// or the insurance limiter used while Redis fails); see
-    /// [`MemoryBackend::with_max_keys`] for what happens when it is reached.
-    /// Default: no cap (expired keys are still reclaimed).
+    /// [`MemoryBackend::with_max_keys`] for what happens when it is reached
+    /// (calls stay limited). Default: 1,000,000
+    /// ([`DEFAULT_MAX_KEYS`](crate::backend::memory::DEFAULT_MAX_KEYS)),
+    /// 76 to 155 MB by the keys' length; `usize::MAX` for no cap (expired
+    /// keys are still reclaimed).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
         self
