@@ -25,9 +25,12 @@ pub(super) const CREDIT_PER_CALL: usize = 8;
 /// The most keys a shard holds whatever the cap (positions are `u32`).
 pub(super) const MAX_PER_SHARD: usize = u32::MAX as usize;
 
-/// The hasher of keys, seeded per store: callers choose keys, so the hash
-/// must not be predictable (flooding one bucket).
-pub(super) type Hasher = foldhash::fast::RandomState;
+/// The hasher of keys. Callers choose keys (header digests, addresses,
+/// parameters), so it is keyed with a random secret per store and made to
+/// resist finding collisions, also by someone timing the store: SipHash-1-3
+/// (std's). A hasher that is only seeded (foldhash, "minimally
+/// DoS-resistant") could let a patient attacker flood one bucket.
+pub(super) type Hasher = std::hash::RandomState;
 
 /// A key's hash: the one function every lookup, insert and index rebuild
 /// uses, so a key stored and a key asked for always agree.
