@@ -270,7 +270,12 @@ impl RateLimiterBuilder {
                 self.probe_interval.unwrap_or(Duration::from_millis(250)),
                 false,
             ),
-            over_limit: self.over_limit_cache.then(OverLimitCache::new),
+            over_limit: self.over_limit_cache.then(|| {
+                OverLimitCache::new(
+                    self.max_keys
+                        .unwrap_or(crate::backend::memory::DEFAULT_MAX_KEYS),
+                )
+            }),
         }
     }
 
