@@ -110,6 +110,7 @@ async fn two_servers_on_one_redis_share_a_budget_per_client_address() {
     let limiter = || async {
         RateLimiter::builder()
             .redis(redis.url())
+            .key_secret("test secret")
             .timeout(Duration::from_secs(2))
             .build()
             .await
@@ -493,11 +494,16 @@ async fn concurrency_and_shadow_rules_on_axum_handlers() {
 #[tokio::test]
 async fn header_values_and_optionally_addresses_are_digested_in_keys() {
     let redis = RedisServer::start();
-    let limiter = RateLimiter::builder()
-        .redis(redis.url())
-        .build()
-        .await
-        .unwrap();
+    // Two instances with one secret.
+    let instance = || async {
+        RateLimiter::builder()
+            .redis(redis.url())
+            .key_secret("team secret")
+            .build()
+            .await
+            .unwrap()
+    };
+    let limiter = instance().await;
     let keys = |pattern: &str| -> Vec<String> {
         redis
             .keys_with_pttl(pattern)
@@ -505,16 +511,8 @@ async fn header_values_and_optionally_addresses_are_digested_in_keys() {
             .map(|(key, _)| key)
             .collect()
     };
-    let a = serve_with(
-        limiter.clone(),
-        HttpOptions::new().key_secret("team secret"),
-    )
-    .await;
-    let b = serve_with(
-        limiter.clone(),
-        HttpOptions::new().key_secret("team secret"),
-    )
-    .await;
+    let a = serve_with(limiter.clone(), HttpOptions::new()).await;
+    let b = serve_with(instance().await, HttpOptions::new()).await;
     // The same key from two servers with one secret: one budget.
     for (server, expected) in [(a, 200), (b, 200), (a, 429)] {
         let reply = get_from(ONE, server, "/api", &[("x-api-key", "sk_live_1234")]).await;
@@ -552,7 +550,7 @@ async fn an_operator_resets_a_budget_by_rule_name_and_subject() {
         let reply = get_from(ONE, addr, "/api", &[("x-api-key", "k1")]).await;
         assert_eq!(reply.status, expected);
     }
-    let subject = options.subject_of_header("x-api-key", "k1");
+    let subject = options.subject_of_header(&limiter, "x-api-key", "k1");
     let peeked = limiter.peek_named("axum_api", &subject).await.unwrap();
     assert!(!peeked.allowed, "{peeked:?}");
     let whole = limiter.reset_named("axum_api", &subject).await.unwrap();
@@ -701,7 +699,56 @@ async fn the_layer_picks_a_tier_per_request() {
         refused.header("ratelimit").unwrap().contains("axum_pro"),
         "{refused:?}"
     );
-    let subject = HttpOptions::new().subject_of_header("x-api-key", "a");
+    let subject = HttpOptions::new().subject_of_header(&limiter, "x-api-key", "a");
     limiter.reset_named("axum_pro", &subject).await.unwrap();
     assert_eq!(get_from(ONE, addr, "/t", pro).await.status, 200);
+}
+
+/// A program that limits by a request header and keeps its budgets in
+/// Redis must choose the key secret of the digests that stand for header
+/// values: without one, `build` fails and says how to set it (the
+/// built-in secret was public, so keys could be tested against guessed
+/// API keys). In memory a random secret of the process serves.
+#[tokio::test]
+async fn a_shared_store_needs_a_key_secret_chosen_at_start_up() {
+    let redis = RedisServer::start();
+    let error = RateLimiter::builder()
+        .redis(redis.url())
+        .build()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("key_secret") && error.contains("by = header("),
+        "{error}"
+    );
+    let public = RateLimiter::builder()
+        .redis(redis.url())
+        .public_key_secret(true)
+        .build()
+        .await
+        .unwrap();
+    let ours = RateLimiter::builder()
+        .redis(redis.url())
+        .key_secret("ours")
+        .build()
+        .await
+        .unwrap();
+    let memory = RateLimiter::builder().build().await.unwrap();
+    let options = HttpOptions::new();
+    let subject = |limiter: &RateLimiter| options.subject_of_header(limiter, "x-api-key", "k1");
+    assert_ne!(subject(&public), subject(&ours));
+    assert_ne!(subject(&memory), subject(&public), "not the public secret");
+    assert_eq!(
+        subject(&memory),
+        subject(&RateLimiter::in_memory()),
+        "one random secret per process"
+    );
+    for limiter in [&public, &ours, &memory] {
+        let shown = format!("{limiter:?}");
+        assert!(
+            !shown.contains("ours") && !shown.contains("digest v1"),
+            "{shown}"
+        );
+    }
 }

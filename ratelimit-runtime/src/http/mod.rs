@@ -68,10 +68,9 @@ pub struct HttpOptions {
     unknown_client: UnknownClient,
     pub(crate) headers: HeaderStyle,
     pub(crate) json: bool,
-    /// The secret of the keyed digests of header values (and of client
-    /// addresses when `digest_ips`).
-    secret: std::sync::Arc<[u8]>,
-    digest_ips: bool,
+    /// Client addresses as keyed digests in keys (under the limiter's key
+    /// secret).
+    pub(crate) digest_ips: bool,
     pub(crate) refusal: Option<headers::CustomRefusal>,
 }
 
@@ -163,7 +162,6 @@ impl Default for HttpOptions {
     fn default() -> Self {
         HttpOptions {
             trusted: std::sync::Arc::new([]),
-            secret: std::sync::Arc::from(crate::keys::DEFAULT_SECRET),
             digest_ips: false,
             refusal: None,
             ipv6_prefix: 64,
@@ -287,8 +285,13 @@ impl HttpOptions {
     }
 
     /// `:ip:<address>` for the key of the client `ip` (IPv6 masked to the
-    /// prefix), or `:ip:#<digest>` with [`digest_client_ips`](Self::digest_client_ips).
-    pub fn subject_of(&self, ip: IpAddr) -> String {
+    /// prefix), or `:ip:#<digest>` with [`digest_client_ips`](Self::digest_client_ips)
+    /// (under `limiter`'s key secret).
+    pub fn subject_of(&self, limiter: &crate::RateLimiter, ip: IpAddr) -> String {
+        self.subject_with(limiter.key_secret(), ip)
+    }
+
+    fn subject_with(&self, secret: &[u8], ip: IpAddr) -> String {
         let mut address = String::with_capacity(44);
         match ip {
             IpAddr::V4(v4) => {
@@ -304,21 +307,11 @@ impl HttpOptions {
         let mut subject = String::with_capacity(48);
         subject.push_str(":ip:");
         if self.digest_ips {
-            crate::keys::push_digest(&mut subject, &self.secret, address.as_bytes());
+            crate::keys::push_digest(&mut subject, secret, address.as_bytes());
         } else {
             subject.push_str(&address);
         }
         subject
-    }
-
-    /// The secret of the keyed digests that stand for header values in keys
-    /// (and client addresses, with [`digest_client_ips`](Self::digest_client_ips)).
-    /// Every instance that shares a Redis must use the same one. Without it
-    /// a built-in one is used: keys are stable, but a short value could be
-    /// found by guessing.
-    pub fn key_secret(mut self, secret: impl AsRef<[u8]>) -> HttpOptions {
-        self.secret = std::sync::Arc::from(secret.as_ref());
-        self
     }
 
     /// Build refusals yourself: `build` makes the response (any status,
@@ -350,39 +343,47 @@ impl HttpOptions {
     }
 
     /// Keep client addresses as keyed digests in keys too (personal data
-    /// out of Redis key names and logs); by default they are readable.
+    /// out of Redis key names and logs), under the limiter's
+    /// [`key_secret`](crate::RateLimiterBuilder::key_secret); by default
+    /// they are readable.
     pub fn digest_client_ips(mut self, digest: bool) -> HttpOptions {
         self.digest_ips = digest;
         self
     }
 
     /// The subject a `by = header("name")` rule keeps `value`'s budget
-    /// under, for [`RateLimiter::reset_named`](crate::RateLimiter::reset_named)
-    /// and the like: `header:name:#<digest>`, with these options' secret.
-    pub fn subject_of_header(&self, name: &str, value: &str) -> String {
+    /// under in `limiter`, for [`RateLimiter::reset_named`](crate::RateLimiter::reset_named)
+    /// and the like: `header:name:#<digest>`, under the limiter's key
+    /// secret.
+    pub fn subject_of_header(
+        &self,
+        limiter: &crate::RateLimiter,
+        name: &str,
+        value: &str,
+    ) -> String {
         let name = name.to_ascii_lowercase();
-        self.header_subject(&name, Some(value.as_bytes()))[1..].to_owned()
+        self.header_subject(limiter.key_secret(), &name, Some(value.as_bytes()))[1..].to_owned()
     }
 
     /// The key's subject for `by = header("name")`:
     /// `:header:name:#<digest>` of the value (empty value when the request
     /// has none: such requests share one budget). The value itself is never
     /// in a key or a log.
-    pub(crate) fn header_subject(&self, name: &str, value: Option<&[u8]>) -> String {
+    pub(crate) fn header_subject(&self, secret: &[u8], name: &str, value: Option<&[u8]>) -> String {
         let mut subject = String::with_capacity(name.len() + 42);
         subject.push_str(":header:");
         subject.push_str(name);
         subject.push(':');
-        crate::keys::push_digest(&mut subject, &self.secret, value.unwrap_or_default());
+        crate::keys::push_digest(&mut subject, secret, value.unwrap_or_default());
         subject
     }
 
     /// The key's subject for `by = ip` of the client `ip` (as
     /// [`client_ip`](HttpOptions::client_ip) tells it); `Err` when there is
     /// none and such requests are refused.
-    pub(crate) fn ip_subject(&self, ip: Option<IpAddr>) -> Result<String, ()> {
+    pub(crate) fn ip_subject(&self, secret: &[u8], ip: Option<IpAddr>) -> Result<String, ()> {
         match ip {
-            Some(ip) => Ok(self.subject_of(ip)),
+            Some(ip) => Ok(self.subject_with(secret, ip)),
             None if self.unknown_client == UnknownClient::Shared => Ok(":ip:unknown".to_owned()),
             None => Err(()),
         }
@@ -660,7 +661,7 @@ mod tests {
         #[test]
         fn header_values_never_escape_the_key(value in proptest::collection::vec(0x20u8..=0xff, 0..2000)) {
             let Ok(header) = HeaderValue::from_bytes(&value) else { return Ok(()); };
-            let subject = HttpOptions::new().header_subject("x-api-key", Some(header.as_bytes()));
+            let subject = HttpOptions::new().header_subject(b"secret", "x-api-key", Some(header.as_bytes()));
             let part = subject.strip_prefix(":header:x-api-key:").unwrap();
             proptest::prop_assert!(part.len() <= crate::keys::MAX_PART);
             proptest::prop_assert!(part.starts_with('#') && part.len() == 33);
@@ -689,7 +690,7 @@ mod tests {
         let peer = peer.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
         options
             .client_ip(peer, &HeaderMap::new())
-            .map(|ip| options.subject_of(ip))
+            .map(|ip| options.subject_with(b"secret", ip))
     }
 
     #[test]
