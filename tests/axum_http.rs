@@ -21,7 +21,7 @@ use common::{params, sf_list};
 use ratelimit_runtime::{
     HttpOptions, RateLimitLayer, RateLimited, RateLimiter, Rule, UnknownClient, rate_limit,
 };
-use ratelimit_test_support::{HttpReply, RedisServer, http};
+use ratelimit_test_support::{HttpReply, RedisServer, http, http_bytes};
 
 const ONE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
 const TWO: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
@@ -211,6 +211,38 @@ async fn behind_a_trusted_proxy_the_forwarded_client_counts() {
             .status;
         assert_eq!(status, if n < 3 { 200 } else { 429 });
     }
+}
+
+/// Bytes that are not text in a forwarding line, before the hop the
+/// trusted proxy appended, spoil only their own hop: the client the proxy
+/// named keeps one budget, whatever it writes. (One such byte used to make
+/// the whole line unreadable: every request refused as from an unknown
+/// client.)
+#[tokio::test]
+async fn hostile_bytes_in_a_forwarding_header_leave_the_proxys_hop() {
+    let options = HttpOptions::new().trust_proxies(["127.0.0.1"]).unwrap();
+    let addr = serve_with(RateLimiter::in_memory(), options).await;
+    let mut statuses = Vec::new();
+    for garbage in [
+        &b"\xff\xfe"[..],
+        b"\x80, \xc3(",
+        b"for=\"\xff\"",
+        b"\xff,,, 9.9.9.9 \xfe",
+    ] {
+        let mut line = garbage.to_vec();
+        line.extend_from_slice(b", 198.51.100.99");
+        let reply = http_bytes(
+            ONE,
+            addr,
+            "GET",
+            "/limitTest3",
+            &[("x-forwarded-for", &line)],
+        )
+        .await
+        .unwrap();
+        statuses.push(reply.status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429], "one client, one budget");
 }
 
 /// IPv6 clients are grouped by /64: the same budget for two addresses of

@@ -460,12 +460,13 @@ fn hops(headers: &impl Headers, header: ClientHeader) -> Vec<Option<IpAddr>> {
     }
 }
 
-fn split_list(value: &[u8]) -> Vec<&str> {
-    match std::str::from_utf8(value) {
-        Ok(text) => text.split(',').map(str::trim).collect(),
-        // Not text: one hop nobody can read.
-        Err(_) => vec![""],
-    }
+/// A list header's elements: split on the byte `,` before each is read as
+/// text, so bytes that are not text spoil only their own element (one hop
+/// nobody can read), not the hops a trusted proxy added after them.
+fn split_list(value: &[u8]) -> impl Iterator<Item = &str> {
+    value
+        .split(|&b| b == b',')
+        .map(|element| std::str::from_utf8(element).map_or("", str::trim))
 }
 
 /// `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]:80`, optionally quoted.
@@ -636,6 +637,85 @@ mod tests {
             );
         }
         assert_eq!(proxied.client_ip(None, &spoofed), None);
+    }
+
+    /// Header lines of any bytes, as a server may pass them on.
+    struct Raw(Vec<(&'static str, Vec<u8>)>);
+
+    impl Headers for Raw {
+        fn values<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a [u8]> {
+            let name = name.to_owned();
+            self.0
+                .iter()
+                .filter(move |(n, _)| *n == name)
+                .map(|(_, v)| v.as_slice())
+        }
+    }
+
+    /// A byte that is not text spoils only its own hop: the hop a trusted
+    /// proxy appended after it still names the client. (The whole line used
+    /// to become one unreadable hop, so the client was unknown: refused,
+    /// or put in the budget shared by unknown clients.)
+    #[test]
+    fn a_hop_that_is_not_text_spoils_only_itself() {
+        let trusted = HttpOptions::new().trust_proxies(["10.0.0.0/8"]).unwrap();
+        let line = Raw(vec![(
+            "x-forwarded-for",
+            b"1.1.1.1, \xff\xfe, 203.0.113.7, 10.0.0.5".to_vec(),
+        )]);
+        assert_eq!(trusted.client_ip(ip("10.0.0.1"), &line), ip("203.0.113.7"));
+        // Nearest the proxy: that hop is the client, and it cannot be read.
+        let nearest = Raw(vec![("x-forwarded-for", b"203.0.113.7, \xff".to_vec())]);
+        assert_eq!(trusted.client_ip(ip("10.0.0.1"), &nearest), None);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
+
+        /// Any bytes a client sends before the hop its trusted proxy
+        /// appends: that hop is the client, in `X-Forwarded-For` and
+        /// `Forwarded` alike, behind a chain of trusted proxies too.
+        #[test]
+        fn any_bytes_before_the_proxys_hop_leave_the_client_known(
+            garbage in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+            proxies in 0..3usize,
+        ) {
+            let trusted = HttpOptions::new().trust_proxies(["10.0.0.0/8"]).unwrap();
+            for (name, header, hop, node) in [
+                ("x-forwarded-for", ClientHeader::XForwardedFor, "203.0.113.7", ""),
+                ("forwarded", ClientHeader::Forwarded, "for=203.0.113.7", "for="),
+            ] {
+                let mut value = garbage.clone();
+                value.extend_from_slice(b", ");
+                value.extend_from_slice(hop.as_bytes());
+                for p in 0..proxies {
+                    value.extend_from_slice(format!(", {node}10.0.0.{p}").as_bytes());
+                }
+                let headers = Raw(vec![(name, value)]);
+                let pinned = trusted.clone().client_header(header);
+                proptest::prop_assert_eq!(pinned.client_ip(ip("10.0.0.9"), &headers), ip("203.0.113.7"));
+            }
+        }
+
+        /// Any bytes in every forwarding header (control bytes, invalid
+        /// UTF-8, commas, quotes): no panic, and an untrusted peer is
+        /// always the client.
+        #[test]
+        fn forwarding_headers_of_any_bytes_never_panic(
+            lines in proptest::collection::vec(
+                (0..3usize, proptest::collection::vec(proptest::prelude::any::<u8>(), 0..120)),
+                0..6,
+            ),
+        ) {
+            let names = ["forwarded", "x-forwarded-for", "x-real-ip"];
+            let headers = Raw(lines.into_iter().map(|(n, v)| (names[n], v)).collect());
+            let trusted = HttpOptions::new().trust_proxies(["0.0.0.0/0", "::/0"]).unwrap();
+            for header in [ClientHeader::Any, ClientHeader::Forwarded, ClientHeader::XForwardedFor, ClientHeader::XRealIp] {
+                let _ = trusted.clone().client_header(header).client_ip(ip("10.0.0.1"), &headers);
+            }
+            let open = HttpOptions::new();
+            proptest::prop_assert_eq!(open.client_ip(ip("203.0.113.5"), &headers), ip("203.0.113.5"));
+        }
     }
 
     proptest::proptest! {
