@@ -640,14 +640,20 @@ async fn the_layer_gives_back_the_units_of_server_errors() {
 async fn refusals_the_app_builds_itself() {
     use ratelimit_runtime::http::{Refusal, StatusCode as Status};
     let custom = |standard| {
-        HttpOptions::new().on_refusal(
-            |limited: &RateLimited| Refusal {
-                status: Status::SERVICE_UNAVAILABLE,
-                headers: vec![("content-type", "application/problem+json".to_owned())],
-                body: format!(r#"{{"wait":{}}}"#, limited.retry_after_secs()),
-            },
-            standard,
-        )
+        HttpOptions::new()
+            .on_refusal(
+                |limited: &RateLimited| Refusal {
+                    status: Status::SERVICE_UNAVAILABLE,
+                    // Names as people write them.
+                    headers: vec![
+                        ("Content-Type", "application/problem+json".to_owned()),
+                        ("X-Reason", format!("over {}", limited.limit)),
+                    ],
+                    body: format!(r#"{{"wait":{}}}"#, limited.retry_after_secs()),
+                },
+                standard,
+            )
+            .unwrap()
     };
     for standard in [true, false] {
         let layered = Router::new().route("/l", get(|| async { "ok" })).layer(
@@ -668,6 +674,12 @@ async fn refusals_the_app_builds_itself() {
             assert_eq!(
                 reply.header("content-type"),
                 Some("application/problem+json")
+            );
+            assert!(
+                reply
+                    .header("x-reason")
+                    .is_some_and(|r| r.starts_with("over ")),
+                "{reply:?}"
             );
             assert!(reply.body.starts_with(r#"{"wait":"#), "{reply:?}");
             assert_eq!(reply.header("retry-after").is_some(), standard, "{path}");

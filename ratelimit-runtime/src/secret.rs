@@ -2,6 +2,9 @@
 //! key secret of the digests that stand for header values (and, if asked,
 //! client addresses) in keys, and the passwords of Redis URLs.
 
+// Without HTTP nothing is digested: the secret is kept and never read.
+#![cfg_attr(not(feature = "http"), allow(dead_code))]
+
 use std::fmt;
 use std::hash::{BuildHasher, Hasher as _, RandomState};
 use std::sync::Arc;
@@ -86,6 +89,7 @@ pub(crate) fn process_secret() -> &'static [u8] {
 /// by `***`, for errors and `Debug`: `redis://user:***@host:6379/`. Works on
 /// malformed URLs too (everything before the last `@` but a user name is
 /// taken for credentials).
+#[cfg(feature = "redis")]
 pub(crate) fn redact_url(url: &str) -> String {
     let (scheme, rest) = match url.find("://") {
         Some(at) => url.split_at(at + 3),
@@ -135,6 +139,7 @@ pub(crate) fn redact_url(url: &str) -> String {
 }
 
 /// Each of `urls` redacted, as a list to print.
+#[cfg(feature = "redis")]
 pub(crate) fn redact_urls(urls: &[String]) -> Vec<String> {
     urls.iter().map(|url| redact_url(url)).collect()
 }
@@ -143,6 +148,7 @@ pub(crate) fn redact_urls(urls: &[String]) -> Vec<String> {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "redis")]
     #[test]
     fn passwords_leave_urls() {
         for (url, shown) in [

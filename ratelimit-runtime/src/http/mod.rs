@@ -27,6 +27,8 @@ pub use handler::{By, HttpCall, NoFallback, Reply, check};
 #[cfg(feature = "actix")]
 pub(crate) use headers::FIELD_NAMES;
 pub use headers::{Field, RATELIMIT, RATELIMIT_POLICY, Refusal, rate_limit_headers, refusal};
+#[cfg(feature = "actix")]
+pub(crate) use headers::{bad_field, is_plain_name};
 
 use crate::Error;
 
@@ -125,13 +127,29 @@ pub enum UnknownClient {
     Shared,
 }
 
-/// Adds header fields to an `http` header map (axum's and tower's).
+/// Adds header fields to an `http` header map (axum's and tower's). A
+/// name in any case is sent lowercase; one that is not a field name (only
+/// possible from an app's own refusal, checked when configured) is left
+/// out, never a panic.
 #[cfg(feature = "tower")]
 pub(crate) fn append(headers: &mut ::http::HeaderMap, fields: Vec<Field>) {
     for (name, value) in fields {
-        if let Ok(value) = ::http::HeaderValue::try_from(value) {
-            headers.append(::http::HeaderName::from_static(name), value);
-        }
+        let Ok(value) = ::http::HeaderValue::try_from(value) else {
+            headers::bad_field(name);
+            continue;
+        };
+        let name = if headers::is_plain_name(name) {
+            ::http::HeaderName::from_static(name)
+        } else {
+            match ::http::HeaderName::from_bytes(name.as_bytes()) {
+                Ok(name) => name,
+                Err(_) => {
+                    headers::bad_field(name);
+                    continue;
+                }
+            }
+        };
+        headers.append(name, value);
     }
 }
 
@@ -318,7 +336,12 @@ impl HttpOptions {
     /// fields and body) from the `RateLimited`, for `#[rate_limit]` handlers
     /// without a fallback, the actix middleware and the tower layer. With
     /// `standard_headers`, `Retry-After` and the rate-limit fields are added
-    /// to it (those it does not set itself).
+    /// to it (those it does not set itself). Field names may be written in
+    /// any case (`"X-Reason"`; they are sent lowercase, as HTTP/2 requires).
+    ///
+    /// `build` is called here once for each [`Cause`](crate::Cause) of a
+    /// refusal, and the fields it makes are checked, so a bad one is a
+    /// configuration error at start-up, not a failure on a request.
     ///
     /// ```
     /// use ratelimit_runtime::HttpOptions;
@@ -327,19 +350,31 @@ impl HttpOptions {
     /// let options = HttpOptions::new().on_refusal(
     ///     |limited| Refusal {
     ///         status: StatusCode::TOO_MANY_REQUESTS,
-    ///         headers: vec![("content-type", "text/html".to_owned())],
+    ///         headers: vec![
+    ///             ("Content-Type", "text/html".to_owned()),
+    ///             ("X-Reason", format!("over {} a period", limited.limit)),
+    ///         ],
     ///         body: format!("<p>Slow down: {} s</p>", limited.retry_after_secs()),
     ///     },
     ///     true,
-    /// );
+    /// )?;
+    /// # Ok::<(), ratelimit_runtime::Error>(())
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming a field whose name is not a header field
+    /// name (`"X Reason"`, `""`), or whose value cannot be sent (a line
+    /// break or another control character).
     pub fn on_refusal(
         mut self,
         build: impl Fn(&crate::RateLimited) -> Refusal + Send + Sync + 'static,
         standard_headers: bool,
-    ) -> HttpOptions {
-        self.refusal = Some(headers::CustomRefusal::new(build, standard_headers));
-        self
+    ) -> Result<HttpOptions, Error> {
+        let refusal = headers::CustomRefusal::new(build, standard_headers);
+        refusal.check()?;
+        self.refusal = Some(refusal);
+        Ok(self)
     }
 
     /// Keep client addresses as keyed digests in keys too (personal data
@@ -747,6 +782,33 @@ mod tests {
             proptest::prop_assert!(part.starts_with('#') && part.len() == 33);
             proptest::prop_assert!(!part.contains([':', '{', '}', '*', '\n', ' ']), "escaped: {:?}", part);
         }
+    }
+
+    /// An app's refusal fields are checked once, when configured: a name in
+    /// any case is fine, an invalid name or value a configuration error.
+    /// (Names went through `HeaderName::from_static` at every refusal,
+    /// which panics on `"X-Reason"`.)
+    #[test]
+    fn refusal_fields_are_checked_when_configured() {
+        let with = |name: &'static str, value: &'static str| {
+            HttpOptions::new().on_refusal(
+                move |_| Refusal {
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    headers: vec![(name, value.to_owned())],
+                    body: String::new(),
+                },
+                false,
+            )
+        };
+        for good in ["X-Reason", "x-reason", "Cache-Control", "X_Odd!Name"] {
+            assert!(with(good, "slow down").is_ok(), "{good}");
+        }
+        for bad in ["X Reason", "", "x-reason:", "é", "x\n"] {
+            let error = with(bad, "v").unwrap_err().to_string();
+            assert!(error.contains("not a header field name"), "{bad}: {error}");
+        }
+        let error = with("X-Reason", "a\r\nb").unwrap_err().to_string();
+        assert!(error.contains("cannot be sent"), "{error}");
     }
 
     #[test]

@@ -73,6 +73,7 @@ pub struct RateLimiter {
     on_error: OnError,
     shadow: bool,
     /// The secret of the keyed digests in its keys (its `Debug` is redacted).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     secret: KeySecret,
 }
 
@@ -156,6 +157,7 @@ impl RateLimiter {
 
     /// The secret of the keyed digests that stand for header values (and
     /// client addresses, if the options say so) in this limiter's keys.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn key_secret(&self) -> &[u8] {
         self.secret.bytes()
     }
