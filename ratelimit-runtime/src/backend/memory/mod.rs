@@ -217,10 +217,12 @@ impl MemoryBackend {
     /// Gives back lease `id` of a concurrency rule.
     pub(crate) fn release_now(&self, key: &str, id: u64) {
         let hash = key_hash(&self.inner.hasher, key.as_bytes());
-        match self.shard(hash).find_mut(hash, key) {
-            Some(entry) => algorithm::release(&mut entry.slot.state, id),
-            // Taken from an overflow budget, if anywhere.
-            None => self.inner.overflow.release(id),
+        if let Some(entry) = self.shard(hash).find_mut(hash, key) {
+            algorithm::release(&mut entry.slot.state, id);
+        }
+        // Or taken from an overflow budget, before the key found room.
+        if self.inner.overflowed.load(Ordering::Relaxed) {
+            self.inner.overflow.release(id);
         }
     }
 
@@ -621,6 +623,32 @@ mod tests {
             }
             assert!(!store.check_now(&r, key, 1).allowed, "{key}");
         }
+    }
+
+    /// A lease taken from an overflow budget is given back there.
+    #[test]
+    fn leases_of_a_full_store_are_released() {
+        let store = MemoryBackend::with_clock(ManualClock::new()).with_max_keys(SHARDS);
+        let long = rule(1, 60_000);
+        for i in 0..SHARDS * 8 {
+            store.check_now(&long, &format!("live-{i}"), 1);
+        }
+        let leases = Rule::concurrency(2, Duration::from_secs(60));
+        assert!(store.acquire_now(&leases, "a", 1, 1).allowed);
+        assert!(store.acquire_now(&leases, "b", 1, 2).allowed);
+        assert!(
+            !store.acquire_now(&leases, "c", 1, 3).allowed,
+            "one shared budget"
+        );
+        store.release_now("a", 1);
+        assert!(store.acquire_now(&leases, "c", 1, 4).allowed);
+        store.release_now("b", 2);
+        store.release_now("c", 4);
+        assert!(store.acquire_now(&leases, "d", 1, 5).allowed);
+        assert!(
+            store.acquire_now(&leases, "e", 1, 6).allowed,
+            "both given back"
+        );
     }
 
     /// Flooding cannot reset a budget in use: a key that refuses calls
