@@ -630,7 +630,7 @@ mod tests {
     fn leases_of_a_full_store_are_released() {
         let store = MemoryBackend::with_clock(ManualClock::new()).with_max_keys(SHARDS);
         let long = rule(1, 60_000);
-        for i in 0..SHARDS * 8 {
+        for i in 0..SHARDS * 32 {
             store.check_now(&long, &format!("live-{i}"), 1);
         }
         let leases = Rule::concurrency(2, Duration::from_secs(60));
