@@ -107,6 +107,16 @@ async fn builders_and_their_errors_show_no_password() {
     assert_clean("a limiter", &format!("{limiter:?}"));
     let options = HttpOptions::new().digest_client_ips(true);
     assert_clean("the options", &format!("{options:?}"));
+    // Allow-lists of API keys.
+    let api = ratelimit_runtime::Rule::fixed_window(5, std::time::Duration::from_secs(1));
+    let middleware = ratelimit_runtime::RateLimit::new(api)
+        .by_header("x-api-key")
+        .exempt_key(API_KEY);
+    assert_clean("the actix middleware", &format!("{middleware:?}"));
+    let layer = ratelimit_runtime::RateLimitLayer::new(api)
+        .by_header("x-api-key")
+        .exempt_key(API_KEY);
+    assert_clean("the tower layer", &format!("{layer:?}"));
 }
 
 /// Every log line, kept to be read.
