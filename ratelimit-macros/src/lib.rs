@@ -26,7 +26,12 @@ use proc_macro::TokenStream;
 ///   one budget. `{param}` placeholders render the fn's parameters with
 ///   `Display` (`key = "login:{user}"`), `{self.field}` a field of the
 ///   receiver; `{{` and `}}` are literal braces. Default: the fn's module
-///   path and name.
+///   path and name. Two placeholders need a character that values never
+///   hold between them, such as `:` (`"{a}:{b}"`, not `"{a}-{b}"`, where
+///   `("x-y", "z")` and `("x", "y-z")` would share a budget): a compile
+///   error says so. Values are used as they are, case included: `Bob` and
+///   `bob` are two budgets, so normalise them before the call
+///   (`login(&user.to_lowercase())`) where they name one thing.
 /// - `prefix = "..."`: put before the key (the Redis key namespace).
 ///   Default `"limiter:"`.
 /// - `count = N`: units allowed per period, 1 to 1,000,000,000 (for
@@ -37,8 +42,8 @@ use proc_macro::TokenStream;
 /// - `by = global | ip | header("name") | arg(param)`: whose budget. `global`
 ///   (the default) is one for all callers; `ip` is per client address and
 ///   `header("x-api-key")` per header value (HTTP handlers, below; requests
-///   without the header share one budget); `arg(user)` per value of a
-///   parameter. The subject is added to the key (`limiter:search:ip:1.2.3.4`).
+///   without the header share one budget; header values are compared as
+///   sent, case included); `arg(user)` per value of a parameter (likewise). The subject is added to the key (`limiter:search:ip:1.2.3.4`).
 /// - `algorithm = fixed_window | sliding_window | sliding_log | token_bucket | gcra | concurrency`:
 ///   default `fixed_window`. See the runtime's README for what each guarantees.
 /// - `burst = N`: the bucket of `token_bucket` or `gcra` (default `count`);

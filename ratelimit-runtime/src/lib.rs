@@ -103,6 +103,7 @@ mod limiter;
 pub mod overrides;
 pub mod pipeline;
 mod rule;
+mod secret;
 mod site;
 #[cfg(feature = "tower")]
 pub mod tower;
