@@ -100,8 +100,8 @@ async fn main() -> ExitCode {
 }
 
 async fn inspect(rule: &str, written: &str) -> Result<String, String> {
-    let subject = key_subject(written);
     let (limiter, backend) = support::limiter().await.map_err(|e| e.to_string())?;
+    let subject = key_subject(&limiter, written);
     let mut report = format!("budgets kept in {backend}\n");
     if std::env::var_os("REDIS_URL").is_none() {
         report += &spend(&limiter, rule, written, 2).await?;
@@ -115,13 +115,13 @@ async fn inspect(rule: &str, written: &str) -> Result<String, String> {
 }
 
 /// A header subject with a value in clear gets the value's digest, as the
-/// servers' keys hold it (with the default key secret, as they use).
-fn key_subject(subject: &str) -> String {
+/// servers' keys hold it (with the limiter's key secret, as they use).
+fn key_subject(limiter: &RateLimiter, subject: &str) -> String {
     if let Some(rest) = subject.strip_prefix("header:")
         && let Some((name, value)) = rest.split_once(':')
         && !is_digest(value)
     {
-        return HttpOptions::new().subject_of_header(name, value);
+        return HttpOptions::new().subject_of_header(limiter, name, value);
     }
     subject.to_owned()
 }

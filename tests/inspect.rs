@@ -60,9 +60,15 @@ fn inspect_binary() -> &'static PathBuf {
     })
 }
 
+/// The key secret the server and the example share, as instances do.
+const SECRET: &str = "inspect-test-secret";
+
 fn run(redis_url: Option<&str>, args: &[&str]) -> Output {
     let mut command = Command::new(inspect_binary());
-    command.args(args).env_remove("REDIS_URL");
+    command
+        .args(args)
+        .env_remove("REDIS_URL")
+        .env("RATELIMIT_KEY_SECRET", SECRET);
     if let Some(url) = redis_url {
         command.env("REDIS_URL", url);
     }
@@ -103,6 +109,7 @@ async fn it_reads_in_redis_what_a_server_counted_and_counts_nothing() {
     let redis = RedisServer::start();
     let limiter = RateLimiter::builder()
         .redis(redis.url())
+        .key_secret(SECRET)
         .build()
         .await
         .unwrap();
