@@ -14,6 +14,10 @@
 //! - `100k_keys_2_threads`: the same on 2 threads at once (each half the
 //!   keys); the time per check is wall time over both, so a lower number than
 //!   the 1-thread one means throughput grows.
+//! - `at_cap`: a store full of keys whose budgets are in use (its cap,
+//!   65,536 keys, reached): `tracked` checks 60,000 of the keys it holds in
+//!   turn, `untracked` 100,000 keys it has no room for (each charged to the
+//!   rule's overflow budget). Fixed window only.
 //! - `dependent_read`: the machine's latency for one random cache line in a
 //!   buffer of 2 to 16 MiB, the miss a check over many keys pays.
 //!
@@ -31,6 +35,7 @@ use std::time::{Duration, Instant};
 use common::{KEYS, governor, keys, ours, ours_for, rule, shuffled};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use ratelimit_runtime::Algorithm;
+use ratelimit_runtime::backend::memory::MemoryBackend;
 
 /// Runs `iters` checks on `threads` threads, `step` for check `i` of a thread.
 fn spread(iters: u64, threads: usize, step: impl Fn(usize, u64) + Sync) -> Duration {
@@ -132,7 +137,37 @@ fn benches(c: &mut Criterion) {
         })
     });
     group.finish();
+    at_cap(c, &keys);
     latency(c);
+}
+
+/// Checks of a full store: of keys it tracks, and of keys it cannot.
+fn at_cap(c: &mut Criterion, keys: &[String]) {
+    let mut group = c.benchmark_group("memory");
+    let store = MemoryBackend::new().with_max_keys(65_536);
+    let rule = rule(Algorithm::FixedWindow, true);
+    let tracked = &keys[..60_000];
+    for key in tracked {
+        assert!(store.check_now(&rule, key, 1).allowed);
+    }
+    for i in 0..KEYS {
+        store.check_now(&rule, &format!("limiter:flood:{i}"), 1);
+    }
+    let fresh: Vec<String> = (0..KEYS).map(|i| format!("limiter:fresh:{i}")).collect();
+    let mut i = 0;
+    group.bench_function(BenchmarkId::new("at_cap", "tracked"), |b| {
+        b.iter(|| {
+            i = (i + 1) % tracked.len();
+            black_box(store.check_now(&rule, &tracked[i], 1).allowed)
+        })
+    });
+    group.bench_function(BenchmarkId::new("at_cap", "untracked"), |b| {
+        b.iter(|| {
+            i = (i + 1) % fresh.len();
+            black_box(store.check_now(&rule, &fresh[i], 1).allowed)
+        })
+    });
+    group.finish();
 }
 
 /// The machine's own cost of the miss a check over many keys pays: one

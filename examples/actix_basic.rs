@@ -4,7 +4,8 @@
 //! `for i in 1 2 3 4; do curl -i http://127.0.0.1:8081/ip; done`
 //!
 //! Listens on `BIND` (default `127.0.0.1:8081`); in memory, or in Redis when
-//! `REDIS_URL` is set.
+//! `REDIS_URL` is set, with `RATELIMIT_KEY_SECRET` the secret of the digests
+//! that stand for `x-api-key` values in keys (needed with Redis).
 
 mod support;
 
@@ -47,7 +48,7 @@ async fn slow_down(item: web::Path<String>, limited: RateLimited) -> impl Respon
 async fn main() -> Result<(), support::Failure> {
     support::init_logs();
     if let Ok(url) = std::env::var("REDIS_URL") {
-        RateLimiter::builder()
+        support::with_key_secret(RateLimiter::builder())
             .redis(url)
             .build()
             .await

@@ -15,6 +15,9 @@
 //! - `BIND` (default `127.0.0.1:8080`): where to listen.
 //! - `REDIS_URL` (for example `redis://127.0.0.1:6379/`): keep the budgets in
 //!   Redis, shared by every instance; without it, in process memory.
+//! - `RATELIMIT_KEY_SECRET`: the secret of the digests that stand for
+//!   `x-api-key` values in keys, the same on every instance (from your secret
+//!   store); needed with `REDIS_URL` (`/api` is limited by a header).
 //! - `TRUSTED_PROXIES` (for example `10.0.0.0/8,127.0.0.1`): proxies whose
 //!   `Forwarded` / `X-Forwarded-For` / `X-Real-IP` headers name the client.
 //! - `CLIENT_HEADER` (`forwarded`, `x-forwarded-for` or `x-real-ip`): the one

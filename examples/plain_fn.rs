@@ -1,7 +1,8 @@
 //! `#[rate_limit]` on plain async fns: keys from arguments, a fallback (the
 //! demote path), stacked rules, a method, a `const Rule`.
 //!
-//! `cargo run --example plain_fn` (in memory; set `REDIS_URL` for Redis).
+//! `cargo run --example plain_fn` (in memory; set `REDIS_URL` for Redis,
+//! and `RATELIMIT_KEY_SECRET` for the key secret, as every example reads it).
 
 mod support;
 
@@ -57,7 +58,11 @@ impl Tenant {
 async fn main() -> Result<(), support::Failure> {
     support::init_logs();
     if let Ok(url) = std::env::var("REDIS_URL") {
-        RateLimiter::builder().redis(url).build().await?.install()?;
+        support::with_key_secret(RateLimiter::builder())
+            .redis(url)
+            .build()
+            .await?
+            .install()?;
     }
     println!("backend: {}\n", RateLimiter::global().backend_name());
 

@@ -1,7 +1,8 @@
 //! The README's first command: `cargo run --example quickstart`.
 //!
 //! In process memory, no Redis needed. Set `REDIS_URL` (for example
-//! `redis://127.0.0.1:6379/`) to keep the budgets in Redis instead.
+//! `redis://127.0.0.1:6379/`) to keep the budgets in Redis instead
+//! (`RATELIMIT_KEY_SECRET`, the key secret, is read as in every example).
 
 mod support;
 
@@ -32,7 +33,11 @@ async fn too_many_logins(user: &str, attempt: u32, limited: RateLimited) -> Stri
 async fn main() -> Result<(), support::Failure> {
     support::init_logs();
     if let Ok(url) = std::env::var("REDIS_URL") {
-        RateLimiter::builder().redis(url).build().await?.install()?;
+        support::with_key_secret(RateLimiter::builder())
+            .redis(url)
+            .build()
+            .await?
+            .install()?;
     }
     println!("backend: {}", RateLimiter::global().backend_name());
 

@@ -556,3 +556,57 @@ async fn the_middleware_picks_a_tier_per_request() {
     }
     assert_eq!(plain, [200, 429], "no plan: the middleware's own rule");
 }
+
+/// An app's own refusal with field names written as people write them
+/// (`X-Reason`, `Content-Type`): sent lowercase by the attribute's handlers
+/// and the middleware alike. (A name with a capital letter used to panic
+/// on every refusal.)
+#[actix_web::test]
+async fn refusals_the_app_builds_with_names_in_any_case() {
+    use ratelimit_runtime::http::{Refusal, StatusCode as Status};
+    let options = HttpOptions::new()
+        .on_refusal(
+            |limited| Refusal {
+                status: Status::TOO_MANY_REQUESTS,
+                headers: vec![
+                    ("Content-Type", "text/html".to_owned()),
+                    ("X-Reason", format!("over {}", limited.limit)),
+                ],
+                body: "<p>slow down</p>".to_owned(),
+            },
+            true,
+        )
+        .unwrap();
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(RateLimiter::in_memory())
+            .app_data(options.clone())
+            .service(limit_test3)
+            .service(
+                web::scope("/mw")
+                    .wrap(RateLimit::new(API).key("mw-custom-refusal"))
+                    .route("", web::get().to(|| async { "mw" })),
+            )
+    })
+    .workers(1)
+    .bind((Ipv4Addr::LOCALHOST, 0))
+    .unwrap();
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    for path in ["/limitTest3", "/mw"] {
+        let mut reply = get_from(TWO, addr, path, &[]).await;
+        while reply.status == 200 {
+            reply = get_from(TWO, addr, path, &[]).await;
+        }
+        assert_eq!(reply.status, 429, "{path}: {reply:?}");
+        assert_eq!(reply.header("content-type"), Some("text/html"), "{path}");
+        assert!(
+            reply
+                .header("x-reason")
+                .is_some_and(|r| r.starts_with("over ")),
+            "{path}: {reply:?}"
+        );
+        assert!(reply.header("retry-after").is_some(), "{path}");
+        assert_eq!(reply.body, "<p>slow down</p>");
+    }
+}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum::extract::Path;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
@@ -21,7 +21,7 @@ use common::{params, sf_list};
 use ratelimit_runtime::{
     HttpOptions, RateLimitLayer, RateLimited, RateLimiter, Rule, UnknownClient, rate_limit,
 };
-use ratelimit_test_support::{HttpReply, RedisServer, http};
+use ratelimit_test_support::{HttpReply, RedisServer, http, http_bytes};
 
 const ONE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
 const TWO: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
@@ -110,6 +110,7 @@ async fn two_servers_on_one_redis_share_a_budget_per_client_address() {
     let limiter = || async {
         RateLimiter::builder()
             .redis(redis.url())
+            .key_secret("test secret")
             .timeout(Duration::from_secs(2))
             .build()
             .await
@@ -212,6 +213,38 @@ async fn behind_a_trusted_proxy_the_forwarded_client_counts() {
     }
 }
 
+/// Bytes that are not text in a forwarding line, before the hop the
+/// trusted proxy appended, spoil only their own hop: the client the proxy
+/// named keeps one budget, whatever it writes. (One such byte used to make
+/// the whole line unreadable: every request refused as from an unknown
+/// client.)
+#[tokio::test]
+async fn hostile_bytes_in_a_forwarding_header_leave_the_proxys_hop() {
+    let options = HttpOptions::new().trust_proxies(["127.0.0.1"]).unwrap();
+    let addr = serve_with(RateLimiter::in_memory(), options).await;
+    let mut statuses = Vec::new();
+    for garbage in [
+        &b"\xff\xfe"[..],
+        b"\x80, \xc3(",
+        b"for=\"\xff\"",
+        b"\xff,,, 9.9.9.9 \xfe",
+    ] {
+        let mut line = garbage.to_vec();
+        line.extend_from_slice(b", 198.51.100.99");
+        let reply = http_bytes(
+            ONE,
+            addr,
+            "GET",
+            "/limitTest3",
+            &[("x-forwarded-for", &line)],
+        )
+        .await
+        .unwrap();
+        statuses.push(reply.status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429], "one client, one budget");
+}
+
 /// IPv6 clients are grouped by /64: the same budget for two addresses of
 /// one prefix (the address is unit-tested; here, through a trusted proxy).
 #[tokio::test]
@@ -305,6 +338,66 @@ async fn fallbacks_headers_and_paths_limit_as_on_actix() {
     assert_eq!(get_from(ONE, addr, "/user/ann", &[]).await.status, 200);
     assert_eq!(get_from(ONE, addr, "/user/ann", &[]).await.status, 429);
     assert_eq!(get_from(ONE, addr, "/user/bob", &[]).await.status, 200);
+}
+
+/// The app's state, for handlers written as axum's docs write them.
+#[derive(Clone)]
+struct Shop {
+    name: &'static str,
+}
+
+/// Destructured extractors, a key from one of them, a fallback, a one-line
+/// body.
+#[rate_limit(key = "axum_item:{id}", period = 10, count = 1, fallback = item_busy)]
+async fn item(State(shop): State<Shop>, Path(id): Path<u32>) -> impl IntoResponse {
+    format!("{} sells item {id}", shop.name)
+}
+
+/// The fallback takes the handler's extractors, destructured as it likes.
+async fn item_busy(
+    State(shop): State<Shop>,
+    Path(id): Path<u32>,
+    limited: RateLimited,
+) -> impl IntoResponse {
+    let message = format!(
+        "{}: item {id} is busy for {} s",
+        shop.name,
+        limited.retry_after_secs()
+    );
+    (StatusCode::SERVICE_UNAVAILABLE, message)
+}
+
+#[tokio::test]
+async fn destructured_extractors_reach_the_key_the_body_and_the_fallback() {
+    let app = Router::new()
+        .route("/item/{id}", get(item))
+        .with_state(Shop {
+            name: "corner shop",
+        })
+        .layer(Extension(RateLimiter::in_memory()));
+    let addr = serve(app).await;
+    let first = get_from(ONE, addr, "/item/7", &[]).await;
+    assert_eq!(
+        (first.status, first.body.as_str()),
+        (200, "corner shop sells item 7")
+    );
+    assert!(first.header("ratelimit").is_some(), "{first:?}");
+    let second = get_from(ONE, addr, "/item/7", &[]).await;
+    assert_eq!(
+        second.status, 503,
+        "the fallback's own response: {second:?}"
+    );
+    assert!(
+        second.body.starts_with("corner shop: item 7 is busy for "),
+        "{second:?}"
+    );
+    assert!(second.header("ratelimit").is_some(), "{second:?}");
+    // The key holds the path's id: another item has its own budget.
+    let other = get_from(ONE, addr, "/item/8", &[]).await;
+    assert_eq!(
+        (other.status, other.body.as_str()),
+        (200, "corner shop sells item 8")
+    );
 }
 
 const LAYERED: Rule = Rule::fixed_window(2, Duration::from_secs(10));
@@ -493,11 +586,16 @@ async fn concurrency_and_shadow_rules_on_axum_handlers() {
 #[tokio::test]
 async fn header_values_and_optionally_addresses_are_digested_in_keys() {
     let redis = RedisServer::start();
-    let limiter = RateLimiter::builder()
-        .redis(redis.url())
-        .build()
-        .await
-        .unwrap();
+    // Two instances with one secret.
+    let instance = || async {
+        RateLimiter::builder()
+            .redis(redis.url())
+            .key_secret("team secret")
+            .build()
+            .await
+            .unwrap()
+    };
+    let limiter = instance().await;
     let keys = |pattern: &str| -> Vec<String> {
         redis
             .keys_with_pttl(pattern)
@@ -505,16 +603,8 @@ async fn header_values_and_optionally_addresses_are_digested_in_keys() {
             .map(|(key, _)| key)
             .collect()
     };
-    let a = serve_with(
-        limiter.clone(),
-        HttpOptions::new().key_secret("team secret"),
-    )
-    .await;
-    let b = serve_with(
-        limiter.clone(),
-        HttpOptions::new().key_secret("team secret"),
-    )
-    .await;
+    let a = serve_with(limiter.clone(), HttpOptions::new()).await;
+    let b = serve_with(instance().await, HttpOptions::new()).await;
     // The same key from two servers with one secret: one budget.
     for (server, expected) in [(a, 200), (b, 200), (a, 429)] {
         let reply = get_from(ONE, server, "/api", &[("x-api-key", "sk_live_1234")]).await;
@@ -552,7 +642,7 @@ async fn an_operator_resets_a_budget_by_rule_name_and_subject() {
         let reply = get_from(ONE, addr, "/api", &[("x-api-key", "k1")]).await;
         assert_eq!(reply.status, expected);
     }
-    let subject = options.subject_of_header("x-api-key", "k1");
+    let subject = options.subject_of_header(&limiter, "x-api-key", "k1");
     let peeked = limiter.peek_named("axum_api", &subject).await.unwrap();
     assert!(!peeked.allowed, "{peeked:?}");
     let whole = limiter.reset_named("axum_api", &subject).await.unwrap();
@@ -610,14 +700,20 @@ async fn the_layer_gives_back_the_units_of_server_errors() {
 async fn refusals_the_app_builds_itself() {
     use ratelimit_runtime::http::{Refusal, StatusCode as Status};
     let custom = |standard| {
-        HttpOptions::new().on_refusal(
-            |limited: &RateLimited| Refusal {
-                status: Status::SERVICE_UNAVAILABLE,
-                headers: vec![("content-type", "application/problem+json".to_owned())],
-                body: format!(r#"{{"wait":{}}}"#, limited.retry_after_secs()),
-            },
-            standard,
-        )
+        HttpOptions::new()
+            .on_refusal(
+                |limited: &RateLimited| Refusal {
+                    status: Status::SERVICE_UNAVAILABLE,
+                    // Names as people write them.
+                    headers: vec![
+                        ("Content-Type", "application/problem+json".to_owned()),
+                        ("X-Reason", format!("over {}", limited.limit)),
+                    ],
+                    body: format!(r#"{{"wait":{}}}"#, limited.retry_after_secs()),
+                },
+                standard,
+            )
+            .unwrap()
     };
     for standard in [true, false] {
         let layered = Router::new().route("/l", get(|| async { "ok" })).layer(
@@ -638,6 +734,12 @@ async fn refusals_the_app_builds_itself() {
             assert_eq!(
                 reply.header("content-type"),
                 Some("application/problem+json")
+            );
+            assert!(
+                reply
+                    .header("x-reason")
+                    .is_some_and(|r| r.starts_with("over ")),
+                "{reply:?}"
             );
             assert!(reply.body.starts_with(r#"{"wait":"#), "{reply:?}");
             assert_eq!(reply.header("retry-after").is_some(), standard, "{path}");
@@ -701,7 +803,56 @@ async fn the_layer_picks_a_tier_per_request() {
         refused.header("ratelimit").unwrap().contains("axum_pro"),
         "{refused:?}"
     );
-    let subject = HttpOptions::new().subject_of_header("x-api-key", "a");
+    let subject = HttpOptions::new().subject_of_header(&limiter, "x-api-key", "a");
     limiter.reset_named("axum_pro", &subject).await.unwrap();
     assert_eq!(get_from(ONE, addr, "/t", pro).await.status, 200);
+}
+
+/// A program that limits by a request header and keeps its budgets in
+/// Redis must choose the key secret of the digests that stand for header
+/// values: without one, `build` fails and says how to set it (the
+/// built-in secret was public, so keys could be tested against guessed
+/// API keys). In memory a random secret of the process serves.
+#[tokio::test]
+async fn a_shared_store_needs_a_key_secret_chosen_at_start_up() {
+    let redis = RedisServer::start();
+    let error = RateLimiter::builder()
+        .redis(redis.url())
+        .build()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("key_secret") && error.contains("by = header("),
+        "{error}"
+    );
+    let public = RateLimiter::builder()
+        .redis(redis.url())
+        .public_key_secret(true)
+        .build()
+        .await
+        .unwrap();
+    let ours = RateLimiter::builder()
+        .redis(redis.url())
+        .key_secret("ours")
+        .build()
+        .await
+        .unwrap();
+    let memory = RateLimiter::builder().build().await.unwrap();
+    let options = HttpOptions::new();
+    let subject = |limiter: &RateLimiter| options.subject_of_header(limiter, "x-api-key", "k1");
+    assert_ne!(subject(&public), subject(&ours));
+    assert_ne!(subject(&memory), subject(&public), "not the public secret");
+    assert_eq!(
+        subject(&memory),
+        subject(&RateLimiter::in_memory()),
+        "one random secret per process"
+    );
+    for limiter in [&public, &ours, &memory] {
+        let shown = format!("{limiter:?}");
+        assert!(
+            !shown.contains("ours") && !shown.contains("digest v1"),
+            "{shown}"
+        );
+    }
 }

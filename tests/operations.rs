@@ -361,6 +361,7 @@ async fn hostile_key_parts_cannot_escape_or_bloat_the_key() {
     let redis = RedisServer::start();
     RateLimiter::builder()
         .redis(redis.url())
+        .key_secret("test secret")
         .timeout(Duration::from_secs(2))
         .build()
         .await
@@ -615,6 +616,7 @@ async fn latency_batches_and_the_circuit_are_measured() {
     let mut redis = RedisServer::start();
     let limiter = RateLimiter::builder()
         .redis(redis.url())
+        .key_secret("test secret")
         .timeout(Duration::from_millis(100))
         .probe_interval(Duration::from_secs(60))
         .build()

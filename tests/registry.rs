@@ -1,7 +1,8 @@
 //! The algorithm registry is the one source of truth: the macro's table of
 //! algorithm names (a proc-macro crate cannot import the runtime's) is held
 //! to it here, so an algorithm added to the registry and not to the macro
-//! (or named differently) fails this test.
+//! (or named differently) fails this test. So is the macro's list of the
+//! characters a rendered key value keeps.
 
 use ratelimit_runtime::Algorithm;
 
@@ -36,4 +37,31 @@ fn the_macro_names_every_algorithm_as_the_registry_does() {
         .map(|a| (a.name().to_owned(), format!("{a:?}"), a.has_burst()))
         .collect();
     assert_eq!(macro_table(), runtime);
+}
+
+/// The macro's `KEPT_PUNCTUATION`, read from its source.
+fn macro_kept_punctuation() -> String {
+    let source = include_str!("../ratelimit-macros/src/key.rs");
+    let line = source
+        .lines()
+        .find(|l| l.contains("const KEPT_PUNCTUATION"))
+        .expect("the macro's KEPT_PUNCTUATION");
+    let start = line.find('"').unwrap() + 1;
+    let end = line.rfind('"').unwrap();
+    line[start..end].to_owned()
+}
+
+/// The macro tells a separator of two placeholders by the characters a
+/// rendered value keeps; they must be those the runtime keeps, or a key it
+/// accepts could merge two callers' budgets.
+#[test]
+fn the_macro_knows_which_characters_values_keep() {
+    let punctuation = macro_kept_punctuation();
+    for byte in 0x20u8..0x7f {
+        let c = char::from(byte);
+        let rendered = ratelimit_runtime::keys::SafePart(c.to_string()).to_string();
+        let kept = rendered == c.to_string();
+        let macro_keeps = c.is_ascii_alphanumeric() || punctuation.contains(c);
+        assert_eq!(kept, macro_keeps, "{c:?}: the runtime renders {rendered:?}");
+    }
 }

@@ -30,7 +30,9 @@ impl std::fmt::Debug for Failure {
 
 use std::io;
 
-use ratelimit_runtime::{ClientHeader, HeaderStyle, HttpOptions, RateLimited, RateLimiter};
+use ratelimit_runtime::{
+    ClientHeader, HeaderStyle, HttpOptions, RateLimited, RateLimiter, RateLimiterBuilder,
+};
 
 /// Loads `RATELIMIT_OVERRIDES`, and `RATELIMIT_OVERRIDES_FILE` (watched).
 pub(crate) fn load_overrides() -> io::Result<()> {
@@ -96,10 +98,22 @@ pub(crate) fn http_options() -> io::Result<HttpOptions> {
     Ok(http)
 }
 
-/// The limiter: on Redis at `REDIS_URL`, else in process memory; and where
-/// that is, to print.
+/// `builder` with the key secret `RATELIMIT_KEY_SECRET`, if set: the secret
+/// of the digests that stand for header values (API keys) in keys. Keep it
+/// in your secret store, the same on every instance. With Redis and a rule
+/// keyed by a header, `build` fails without it; in memory a random one
+/// serves.
+pub(crate) fn with_key_secret(builder: RateLimiterBuilder) -> RateLimiterBuilder {
+    match std::env::var("RATELIMIT_KEY_SECRET") {
+        Ok(secret) => builder.key_secret(secret),
+        Err(_) => builder,
+    }
+}
+
+/// The limiter: on Redis at `REDIS_URL`, else in process memory, with the
+/// key secret `RATELIMIT_KEY_SECRET`; and where that is, to print.
 pub(crate) async fn limiter() -> io::Result<(RateLimiter, String)> {
-    let mut builder = RateLimiter::builder();
+    let mut builder = with_key_secret(RateLimiter::builder());
     let backend = match std::env::var("REDIS_URL") {
         Ok(url) => {
             builder = builder.redis(url.as_str());

@@ -46,6 +46,12 @@ pub(crate) enum Request {
     Injected,
 }
 
+/// What makes a fn an HTTP handler: the token to report at, and in words.
+pub(crate) struct Handler {
+    pub(crate) span: Span,
+    pub(crate) why: String,
+}
+
 /// A checked fn with one or more rules: codegen cannot get any of it wrong.
 pub(crate) struct Config {
     pub(crate) krate: syn::Path,
@@ -58,6 +64,8 @@ pub(crate) struct Config {
     pub(crate) responder: bool,
     /// The fn's return type when the expansion replaces it (to type the body).
     pub(crate) original_output: Option<Type>,
+    /// Why the fn is an HTTP handler (when `responder`).
+    pub(crate) handler: Option<Handler>,
 }
 
 impl Config {
@@ -108,17 +116,31 @@ impl Config {
         // other attributes, their names) changes the expansion: the
         // framework is the one whose extractor and response traits the
         // generated types meet.
-        let by_client = raws
+        let client_by = raws
             .iter()
             .filter_map(|raw| raw.value(BY))
-            .any(|by| match by {
+            .find(|by| match by {
                 // `by = arg(p)`: a value of the call's, no client's.
                 Expr::Call(_) => call_name_is(by, "header"),
                 _ => !is_ident(by, "global"),
             });
+        let by_client = client_by.is_some();
+        let mut handler = client_by.map(|by| Handler {
+            span: by.span(),
+            why: format!("`by = {}`", crate::fallback::render(by.to_token_stream())),
+        });
         let responds = match &func.sig.output {
             ReturnType::Type(_, ty) => match &**ty {
-                Type::ImplTrait(imp) if mentions(imp.to_token_stream(), RESPONSE_TRAITS) => true,
+                Type::ImplTrait(imp) if mentions(imp.to_token_stream(), RESPONSE_TRAITS) => {
+                    handler.get_or_insert_with(|| Handler {
+                        span: imp.span(),
+                        why: format!(
+                            "returning `{}`",
+                            crate::fallback::render(imp.to_token_stream())
+                        ),
+                    });
+                    true
+                }
                 Type::ImplTrait(imp) if !by_client => {
                     cx.error_tokens(
                         imp,
@@ -178,6 +200,7 @@ impl Config {
             request,
             responder,
             original_output,
+            handler,
         })
     }
 }
@@ -261,9 +284,6 @@ fn rule_config(raw: &RawArgs, func: &ItemFn, cx: &mut Ctxt) -> Option<RuleConfig
             None
         }
     });
-    if fallback.is_some() {
-        check_forwardable(func, cx);
-    }
 
     let on_error = raw.value(ON_ERROR).and_then(|value| {
         match [("allow", "Allow"), ("deny", "Deny"), ("local", "Local")]
@@ -427,21 +447,6 @@ fn rule_source(raw: &RawArgs, cx: &mut Ctxt) -> Option<RuleSource> {
         period_ms,
         burst,
     })
-}
-
-/// A fallback is called with the fn's own arguments, so each needs a name.
-fn check_forwardable(func: &ItemFn, cx: &mut Ctxt) {
-    for arg in &func.sig.inputs {
-        if let FnArg::Typed(typed) = arg
-            && !matches!(&*typed.pat, Pat::Ident(_))
-        {
-            cx.error(
-                &typed.pat,
-                "`fallback` is called with this fn's arguments, so each parameter needs a \
-                 plain name: bind this pattern to a name and destructure it in the body",
-            );
-        }
-    }
 }
 
 /// Whether `tokens` name any of `idents`.

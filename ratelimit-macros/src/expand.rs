@@ -3,9 +3,10 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{FnArg, Ident, ItemFn, Pat, ReturnType};
+use syn::{FnArg, Ident, ItemFn, ReturnType};
 
-use crate::attr::{Config, Part, Request, RuleConfig, RuleSource, Subject};
+use crate::attr::{Config, Handler, Part, Request, RuleConfig, RuleSource, Subject};
+use crate::fallback;
 
 /// The attribute's entry point: on any error, the user's fn is emitted
 /// unchanged next to the errors, so the IDE keeps working.
@@ -32,20 +33,24 @@ pub(crate) fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
 fn expand(config: Config, mut func: ItemFn) -> TokenStream {
     let krate = &config.krate;
     let rt = quote!(#krate::__private);
-    // The fn's own arguments, for fallbacks (taken before a request
-    // parameter is added).
-    let forwarded: Vec<Ident> = func
-        .sig
-        .inputs
+    // The fn as written (without its `#[rate_limit]`s), and what each
+    // rule's fallback must look like, before the expansion changes it.
+    let original = func.clone();
+    let signatures: Vec<Option<String>> = config
+        .rules
         .iter()
-        .filter_map(|arg| match arg {
-            FnArg::Receiver(receiver) => Some(Ident::new("self", receiver.self_token.span)),
-            FnArg::Typed(typed) => match &*typed.pat {
-                Pat::Ident(pat) => Some(pat.ident.clone()),
-                _ => None,
-            },
+        .map(|rule| {
+            let fallback = rule.fallback.as_ref()?;
+            Some(fallback::expected_signature(&original, fallback))
         })
         .collect();
+    // The fn's own arguments, for fallbacks (taken before a request
+    // parameter is added); patterns are bound to hidden names.
+    let (forwarded, keyed_by_ref) = if config.rules.iter().any(|r| r.fallback.is_some()) {
+        fallback::bind_arguments(&mut func, &keyed_names(&config))
+    } else {
+        (Vec::new(), TokenStream::new())
+    };
     let request = config.request.as_ref().map(|request| match request {
         Request::Param(ident) => ident.clone(),
         Request::Injected => {
@@ -89,7 +94,14 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
             RuleSource::Inline { .. } => TokenStream::new(),
         };
         let check = check_call(rule, &site, &rt, request.as_ref());
-        let reject = reject(rule, &config, &func, &forwarded, &rt);
+        let reject = reject(
+            rule,
+            &config,
+            &original,
+            &forwarded,
+            signatures[i].as_deref(),
+            &rt,
+        );
         let passed = if config.responder {
             quote! {{
                 __ratelimit_seen[#i] = #rt::Option::Some(*__ratelimit_permit.report());
@@ -159,19 +171,87 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         };
         quote!({
             #reply_call
+            #keyed_by_ref
             let mut __ratelimit_seen: [#rt::Option<#rt::http::Report>; #n] = [#rt::Option::None; #n];
             #(#checks)*
             let __ratelimit_out #typed = async move #body.await;
             #rt::http::Reply::allowed(__ratelimit_out, &__ratelimit_seen, __ratelimit_reply_call)
         })
     } else {
+        // The body's statements follow the checks in the same block: the
+        // body as a block of its own would be a block in tail position, and
+        // a one-line fn's braces would be linted in the user's code
+        // (`unused_braces`).
+        let stmts = &body.stmts;
         quote!({
+            #keyed_by_ref
             #(#checks)*
-            #body
+            #(#stmts)*
         })
     };
     *func.block = syn::parse2(block).expect("the expansion is a block");
-    func.into_token_stream()
+    match &config.handler {
+        Some(handler) => http_handler(handler, &rt, func, original),
+        None => func.into_token_stream(),
+    }
+}
+
+/// A handler's expansion goes through the runtime's `http_handler!`, which
+/// keeps it with the `actix` or `axum` feature, and without them answers a
+/// compile error naming them, next to the fn as written.
+fn http_handler(
+    handler: &Handler,
+    rt: &TokenStream,
+    func: ItemFn,
+    original: ItemFn,
+) -> TokenStream {
+    let message = format!(
+        "{} makes `{}` an HTTP handler, which needs the `actix` or `axum` feature of \
+         `ratelimit-runtime`: add `features = [\"axum\"]` (or `\"actix\"`) to its entry in \
+         Cargo.toml",
+        handler.why, original.sig.ident
+    );
+    let span = handler.span;
+    let mut group = proc_macro2::Group::new(
+        proc_macro2::Delimiter::Brace,
+        quote!(#message { #func } { #original }),
+    );
+    group.set_span(span);
+    let path = respan(quote!(#rt::http_handler!), span);
+    quote!(#path #group)
+}
+
+/// `tokens` with every span set to `span`.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut tree| {
+            if let proc_macro2::TokenTree::Group(group) = &tree {
+                let mut inner =
+                    proc_macro2::Group::new(group.delimiter(), respan(group.stream(), span));
+                inner.set_span(span);
+                tree = inner.into();
+            } else {
+                tree.set_span(span);
+            }
+            tree
+        })
+        .collect()
+}
+
+/// The names the rules' keys take from the fn's parameters.
+fn keyed_names(config: &Config) -> Vec<String> {
+    let mut names = Vec::new();
+    for rule in &config.rules {
+        for part in &rule.key {
+            if let Part::Value(tokens) = part
+                && let Ok(ident) = syn::parse2::<Ident>(tokens.clone())
+            {
+                names.push(ident.to_string());
+            }
+        }
+    }
+    names
 }
 
 fn rule_expr(source: &RuleSource, rt: &TokenStream) -> TokenStream {
@@ -256,24 +336,22 @@ fn reject(
     config: &Config,
     func: &ItemFn,
     forwarded: &[Ident],
+    signature: Option<&str>,
     rt: &TokenStream,
 ) -> TokenStream {
-    let value = match &rule.fallback {
-        Some(fallback) => {
-            // The arguments carry the fallback's span, so a signature that
-            // does not fit is reported at `fallback = path`.
-            let span = fallback.span();
-            let args = forwarded
-                .iter()
-                .map(|ident| Ident::new(&ident.to_string(), span));
-            quote_spanned!(span=> #fallback(#(#args,)* __ratelimit_limited).await)
+    let value = match (&rule.fallback, signature) {
+        (Some(fallback), Some(signature)) => {
+            // What the fallback answers: the fn's return type as written,
+            // named where it can be, so a wrong one is the fallback's error.
+            let out = fallback::output(func);
+            fallback::call(fallback, forwarded, &out, signature, &func.sig.ident)
         }
-        None if config.responder => {
+        _ if config.responder => {
             return quote! {
                 return #rt::http::Reply::refused(__ratelimit_limited, &__ratelimit_seen, __ratelimit_reply_call)
             };
         }
-        None => {
+        _ => {
             // Named, the return type carries the user's span: a type that
             // cannot report a rejection is an error there. A type with
             // `impl` in it cannot be named; inference finds it.
@@ -368,7 +446,7 @@ mod tests {
                     }
                 ),
             );
-            assert_eq!(routed.replacen(r#"# [get ("/")] "#, "", 1), bare);
+            assert_eq!(routed.replace(r#"# [get ("/")] "#, ""), bare);
         }
     }
 

@@ -59,25 +59,54 @@ pub(crate) fn has_receiver(func: &ItemFn) -> bool {
     matches!(func.sig.inputs.first(), Some(FnArg::Receiver(_)))
 }
 
+/// The punctuation a rendered value keeps as it is (with ASCII letters and
+/// digits): the runtime's `keys::is_safe`. A value holding anything else
+/// is replaced by `~` and its digest. `tests/registry.rs` holds the two
+/// to each other.
+pub(crate) const KEPT_PUNCTUATION: &str = "-_.@+=/!$%&()',;^|";
+
+/// Whether `c` never appears in a rendered value (kept values are made of
+/// letters, digits and [`KEPT_PUNCTUATION`]; digests of `~` and hex
+/// digits), so it can separate two of them.
+fn separates_values(c: char) -> bool {
+    !(c.is_ascii_alphanumeric() || KEPT_PUNCTUATION.contains(c) || c == '~')
+}
+
 /// Splits `"login:{user}"` into text and values; `{{` and `}}` stand for
 /// literal braces (as in `format!`), `{self.field}` reads the receiver.
+/// Two placeholders need a character values never hold between them (`:`),
+/// or two different pairs of values could make one key.
 pub(crate) fn key_template(lit: &LitStr, func: &ItemFn, parts: &mut Vec<Part>, cx: &mut Ctxt) {
     let text = lit.value();
     let params = param_names(func);
     let mut chars = text.chars().peekable();
+    // The previous placeholder, and the text written since it.
+    let mut since_value: Option<(String, String)> = None;
     while let Some(c) = chars.next() {
         match c {
             '{' if chars.peek() == Some(&'{') => {
                 chars.next();
                 push_text(parts, "{");
+                if let Some((_, between)) = &mut since_value {
+                    between.push('{');
+                }
             }
             '}' if chars.peek() == Some(&'}') => {
                 chars.next();
                 push_text(parts, "}");
+                if let Some((_, between)) = &mut since_value {
+                    between.push('}');
+                }
             }
             '{' => {
                 let name: String = chars.by_ref().take_while(|&c| c != '}').collect();
                 let name = name.trim();
+                if let Some((previous, between)) = &since_value
+                    && !between.chars().any(separates_values)
+                {
+                    cx.error(lit, adjacent(previous, name, between));
+                }
+                since_value = Some((name.to_owned(), String::new()));
                 // Spanned at the key, so a type that is not `Display` is
                 // reported where it was used.
                 let span = lit.span();
@@ -113,9 +142,31 @@ pub(crate) fn key_template(lit: &LitStr, func: &ItemFn, parts: &mut Vec<Part>, c
                 lit,
                 "unmatched `}` in `key`: write `}}` for a literal brace",
             ),
-            c => push_text(parts, c.encode_utf8(&mut [0; 4])),
+            c => {
+                push_text(parts, c.encode_utf8(&mut [0; 4]));
+                if let Some((_, between)) = &mut since_value {
+                    between.push(c);
+                }
+            }
         }
     }
+}
+
+/// Why `{previous}` and `{name}` cannot stand with only `between` between
+/// them.
+fn adjacent(previous: &str, name: &str, between: &str) -> String {
+    let (shown, sep) = match between {
+        "" => ("nothing".to_owned(), ""),
+        text => (format!("only `{text}`"), text),
+    };
+    format!(
+        "`{{{previous}}}` and `{{{name}}}` in `key` need a separator between them, such as \
+         `:`: with {shown} between them, values (\"a{sep}b\", \"c\") and (\"a\", \"b{sep}c\") \
+         make the same key, so one caller could spend another's budget. A value is kept as \
+         written when made of letters, digits and `{KEPT_PUNCTUATION}`, and replaced by its \
+         digest otherwise, so any other character (`:`, `#`, a space) never appears in one: \
+         write `{{{previous}}}:{{{name}}}`"
+    )
 }
 
 pub(crate) fn push_text(parts: &mut Vec<Part>, text: &str) {

@@ -4,6 +4,7 @@
 
 mod attr;
 mod expand;
+mod fallback;
 mod key;
 mod options;
 
@@ -25,7 +26,12 @@ use proc_macro::TokenStream;
 ///   one budget. `{param}` placeholders render the fn's parameters with
 ///   `Display` (`key = "login:{user}"`), `{self.field}` a field of the
 ///   receiver; `{{` and `}}` are literal braces. Default: the fn's module
-///   path and name.
+///   path and name. Two placeholders need a character that values never
+///   hold between them, such as `:` (`"{a}:{b}"`, not `"{a}-{b}"`, where
+///   `("x-y", "z")` and `("x", "y-z")` would share a budget): a compile
+///   error says so. Values are used as they are, case included: `Bob` and
+///   `bob` are two budgets, so normalise them before the call
+///   (`login(&user.to_lowercase())`) where they name one thing.
 /// - `prefix = "..."`: put before the key (the Redis key namespace).
 ///   Default `"limiter:"`.
 /// - `count = N`: units allowed per period, 1 to 1,000,000,000 (for
@@ -36,17 +42,20 @@ use proc_macro::TokenStream;
 /// - `by = global | ip | header("name") | arg(param)`: whose budget. `global`
 ///   (the default) is one for all callers; `ip` is per client address and
 ///   `header("x-api-key")` per header value (HTTP handlers, below; requests
-///   without the header share one budget); `arg(user)` per value of a
-///   parameter. The subject is added to the key (`limiter:search:ip:1.2.3.4`).
+///   without the header share one budget; header values are compared as
+///   sent, case included); `arg(user)` per value of a parameter (likewise). The subject is added to the key (`limiter:search:ip:1.2.3.4`).
 /// - `algorithm = fixed_window | sliding_window | sliding_log | token_bucket | gcra | concurrency`:
 ///   default `fixed_window`. See the runtime's README for what each guarantees.
 /// - `burst = N`: the bucket of `token_bucket` or `gcra` (default `count`);
 ///   an error for the other algorithms.
 /// - `cost = N`: units one call takes (default 1); over the capacity
 ///   (`burst` or `count`) is a compile error.
-/// - `fallback = path`: what a refused call answers instead of running the body: an `async fn` called with the fn's
-///   own arguments (`self` first for methods) and a `RateLimited`, returning
-///   the fn's return type.
+/// - `fallback = path`: what a refused call answers instead of running the
+///   body: an `async fn` called with the fn's own arguments (`self` first
+///   for methods) and a `RateLimited`, returning the fn's return type. A
+///   parameter written as a pattern (axum's `State(app): State<App>`) is
+///   handed on whole: the fallback takes the same extractors. One that does
+///   not fit is an error at the path that states the signature expected.
 /// - `on_error = allow | deny | local`: when the backend fails or times out,
 ///   let the call through, refuse it (`RateLimited::is_backend_failure()`;
 ///   503 from an HTTP handler), or check it in process memory. Default:
@@ -85,8 +94,11 @@ use proc_macro::TokenStream;
 ///   filters. Two rules of one fn may not share a key.
 /// - A `concurrency` rule holds its units while the body runs; they are
 ///   released when the call ends, also by error, panic or cancellation.
+/// - HTTP handlers need the runtime's `actix` or `axum` feature; without
+///   them, a handler is a compile error that names them.
 /// - Mistakes are compile errors at the offending token, and the fn is still
-///   emitted unchanged so the rest of the code type-checks.
+///   emitted unchanged so the rest of the code type-checks. The expansion
+///   fires no lint in the user's code (`-D warnings` builds).
 ///
 /// # Examples
 ///

@@ -33,12 +33,6 @@ pub fn push_part(out: &mut String, part: &str) {
     }
 }
 
-/// The secret of [`push_digest`] when none is set: keys stay stable across
-/// instances, but a short value (an API key) could be found by guessing;
-/// set one of your own ([`HttpOptions::key_secret`](crate::HttpOptions::key_secret)).
-#[cfg(feature = "http")]
-pub(crate) const DEFAULT_SECRET: &[u8] = b"ratelimit-runtime key digest v1";
-
 /// Appends `#` and 32 hex digits of HMAC-SHA1(`secret`, `value`): a value
 /// that must not be readable in keys (a header's, an API key), the same on
 /// every instance that shares the secret. `#` never appears in a kept part,

@@ -103,6 +103,7 @@ mod limiter;
 pub mod overrides;
 pub mod pipeline;
 mod rule;
+mod secret;
 mod site;
 #[cfg(feature = "tower")]
 pub mod tower;
@@ -141,10 +142,36 @@ pub mod __private {
     pub use ::std::format;
     pub use ::std::time::Duration;
 
+    pub use crate::__rate_limit_http_handler as http_handler;
+
     /// HTTP handlers (actix-web, axum).
     #[cfg(any(feature = "actix", feature = "axum"))]
     pub mod http {
         pub use crate::http::{By, HttpCall, Reply, check};
         pub use crate::pipeline::Report;
     }
+}
+
+/// An HTTP handler's expansion by `#[rate_limit]`: `{ handler } { fn as
+/// written }`. With the `actix` or `axum` feature, the handler.
+#[cfg(any(feature = "actix", feature = "axum"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __rate_limit_http_handler {
+    ($why:literal { $($handler:tt)* } { $($written:tt)* }) => {
+        $($handler)*
+    };
+}
+
+/// An HTTP handler's expansion by `#[rate_limit]`: `{ handler } { fn as
+/// written }`. Without the `actix` and `axum` features, the error that
+/// names them (the only one: the fn stays as written).
+#[cfg(not(any(feature = "actix", feature = "axum")))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __rate_limit_http_handler {
+    ($why:literal { $($handler:tt)* } { $($written:tt)* }) => {
+        ::core::compile_error!($why);
+        $($written)*
+    };
 }

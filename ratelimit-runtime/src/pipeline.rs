@@ -171,7 +171,18 @@ fn conclude(
     let refused = RateLimited::from_decision(&decision).with_rule(rule.period(), site.name);
     if shadow {
         site.record(Outcome::ShadowLimited);
-        tracing::info!(rule = site.name, key, %refused, "shadow rate limit exceeded; call allowed");
+        // A rule in shadow may refuse every call: a line now and then, with
+        // how many it held back (the counter has them all).
+        if let Some(unlogged) = site.log_shadow_refusal() {
+            tracing::info!(
+                rule = site.name,
+                key,
+                %refused,
+                unlogged,
+                "shadow rate limit exceeded; call allowed (at most one line per rule per 10 s; \
+                 `unlogged`: those since the last line)"
+            );
+        }
         return Ok(pass(site, rule, permit));
     }
     site.record(Outcome::Limited);

@@ -188,10 +188,12 @@ where
                 None => HttpOptions::default_ref(),
             };
             let grpc = is_grpc(&parts.headers);
+            let limiter = limiter.as_ref().unwrap_or_else(|| RateLimiter::global());
             let verdict = layer.inner.verdict(
                 &sites.own,
                 parts.uri.path(),
                 options,
+                limiter,
                 || {
                     let peer = match &layer.peer {
                         Some(peer) => peer(&parts),
@@ -218,7 +220,6 @@ where
             };
             let (site, key) = sites.choose(&layer.inner, key, |pick| pick(&parts));
             let req = Request::from_parts(parts, body);
-            let limiter = limiter.as_ref().unwrap_or_else(|| RateLimiter::global());
             let held = match pipeline::check_on(&site, Some(limiter), &key).await {
                 Ok(held) => held,
                 Err(limited) => return Ok(refused(refusal(&limited, &[], options), grpc)),

@@ -8,9 +8,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod cargo;
 mod managed;
 mod migration;
 mod proxy;
+pub use cargo::cargo;
 pub use managed::{MASTER_NAME, SentinelSet, TestCa, TlsServer, acl_server};
 pub use migration::Migration;
 pub use proxy::Proxy;
@@ -307,6 +309,18 @@ pub async fn http(
     path: &str,
     headers: &[(&str, &str)],
 ) -> std::io::Result<HttpReply> {
+    let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
+    http_bytes(from, to, method, path, &headers).await
+}
+
+/// [`http`] with header values of any bytes (not text, say), sent as they are.
+pub async fn http_bytes(
+    from: std::net::IpAddr,
+    to: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &[u8])],
+) -> std::io::Result<HttpReply> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let socket = if from.is_ipv4() {
@@ -316,12 +330,16 @@ pub async fn http(
     };
     socket.bind(std::net::SocketAddr::new(from, 0))?;
     let mut stream = socket.connect(to).await?;
-    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {to}\r\nConnection: close\r\n");
+    let mut request =
+        format!("{method} {path} HTTP/1.1\r\nHost: {to}\r\nConnection: close\r\n").into_bytes();
     for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
+        request.extend_from_slice(name.as_bytes());
+        request.extend_from_slice(b": ");
+        request.extend_from_slice(value);
+        request.extend_from_slice(b"\r\n");
     }
-    request.push_str("Content-Length: 0\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
+    request.extend_from_slice(b"Content-Length: 0\r\n\r\n");
+    stream.write_all(&request).await?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await?;
     let text = String::from_utf8_lossy(&raw);

@@ -124,10 +124,12 @@ where
                 async move { Ok(service.call(req).await?.map_into_left_body()) }
             };
             let options = options_for(req.request());
+            let limiter = limiter_for(req.request()).clone();
             let verdict = config.verdict(
                 &sites.own,
                 req.path(),
                 options,
+                &limiter,
                 || client_ip(options, req.request()),
                 req.headers(),
                 |key| key(&req),
@@ -141,7 +143,6 @@ where
                 }
             };
             let (site, key) = sites.choose(&config, key, |pick| pick(&req));
-            let limiter = limiter_for(req.request()).clone();
             let checked = pipeline::check_on(&site, Some(&limiter), &key).await;
             let held = match checked {
                 Ok(held) => held,

@@ -119,29 +119,36 @@ pub(crate) fn response(refusal: Refusal) -> HttpResponse {
     response
 }
 
-/// Adds header fields to an actix-web response.
+/// Adds header fields to an actix-web response. A name in any case is sent
+/// lowercase; one that is not a field name (only possible from an app's own
+/// refusal, checked when configured) is left out, never a panic.
 pub(crate) fn append<B>(response: &mut HttpResponse<B>, fields: Vec<Field>) {
     let headers = response.headers_mut();
     for (name, value) in fields {
         let value = HeaderValue::from_maybe_shared(actix_web::web::Bytes::from(value));
-        if let Ok(value) = value {
-            headers.append(header_name(name), value);
+        match (header_name(name), value) {
+            (Some(name), Ok(value)) => headers.append(name, value),
+            _ => crate::http::bad_field(name),
         }
     }
 }
 
-/// The actix-web name of a field the `http` module writes, made once.
-fn header_name(name: &'static str) -> HeaderName {
+/// The actix-web name of a field: those the `http` module writes made once,
+/// others as written, lowercased.
+fn header_name(name: &'static str) -> Option<HeaderName> {
     static NAMES: LazyLock<Vec<(&str, HeaderName)>> = LazyLock::new(|| {
         crate::http::FIELD_NAMES
             .iter()
             .map(|&name| (name, HeaderName::from_static(name)))
             .collect()
     });
-    NAMES
-        .iter()
-        .find(|(known, _)| *known == name)
-        .map_or_else(|| HeaderName::from_static(name), |(_, known)| known.clone())
+    if let Some((_, known)) = NAMES.iter().find(|(known, _)| *known == name) {
+        return Some(known.clone());
+    }
+    if crate::http::is_plain_name(name) {
+        return Some(HeaderName::from_static(name));
+    }
+    HeaderName::from_bytes(name.as_bytes()).ok()
 }
 
 /// `429 Too Many Requests` (`503` for a backend failure under `deny`, `400`

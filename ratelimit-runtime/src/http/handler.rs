@@ -27,7 +27,12 @@ use crate::{RateLimited, RateLimiter};
 ///
 /// Without a limiter of the app's, the global one is used; without options,
 /// the defaults (no trusted proxy, draft headers).
-#[derive(Clone, Debug)]
+///
+/// Its `Debug` names the headers it kept, never their values (API keys),
+/// so a `#[tracing::instrument]` under `#[rate_limit]`, which records the
+/// extractor the attribute adds, logs no secret; nor the client's address
+/// when the options digest addresses.
+#[derive(Clone)]
 pub struct HttpCall {
     limiter: Option<RateLimiter>,
     options: Option<HttpOptions>,
@@ -36,6 +41,24 @@ pub struct HttpCall {
     no_peer: bool,
     /// The values of the headers rules are keyed by.
     headers: Vec<(&'static str, Box<[u8]>)>,
+}
+
+impl std::fmt::Debug for HttpCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: Vec<&str> = self.headers.iter().map(|(name, _)| *name).collect();
+        let mut out = f.debug_struct("HttpCall");
+        if self.options().digest_ips {
+            out.field("client", &self.client.map(|_| "<digested>"));
+        } else {
+            out.field("client", &self.client);
+        }
+        out.field("headers", &headers)
+            .field(
+                "limiter",
+                &self.limiter.as_ref().map(RateLimiter::backend_name),
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 impl HttpCall {
@@ -119,20 +142,30 @@ pub async fn check(site: &Site, base: &str, by: By, call: &HttpCall) -> Result<P
         Some(_) => site.limiter(),
         None => Some(call.limiter()),
     };
+    // A named limiter that is not installed: the in-memory fallback's.
+    let secret = match limiter {
+        Some(limiter) => limiter.key_secret(),
+        None => crate::secret::process_secret(),
+    };
     let key = match by {
         By::Global => return pipeline::check_on(site, limiter, base).await,
-        By::Ip => match call.options().ip_subject(call.client_ip().or_else(|| {
-            if call.no_peer {
-                super::no_peer();
-            }
-            None
-        })) {
+        By::Ip => match call.options().ip_subject(
+            secret,
+            call.client_ip().or_else(|| {
+                if call.no_peer {
+                    super::no_peer();
+                }
+                None
+            }),
+        ) {
             Ok(subject) => [base, &subject].concat(),
             Err(()) => return Err(site.unknown_client()),
         },
         By::Header(name) => [
             base,
-            &call.options().header_subject(name, call.header(name)),
+            &call
+                .options()
+                .header_subject(secret, name, call.header(name)),
         ]
         .concat(),
     };

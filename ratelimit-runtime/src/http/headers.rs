@@ -11,11 +11,36 @@ use super::{HeaderStyle, HttpOptions};
 use crate::pipeline::Report;
 use crate::{Cause, RateLimited};
 
-/// A header field for a response: its name (lowercase, as HTTP/2 sends it)
-/// and its value, for any framework's header types without parsing the name
-/// or copying the value (`HeaderName::from_static`, a value from the
-/// string's bytes).
+/// A header field for a response: its name and its value, for any
+/// framework's header types without parsing the name or copying the value
+/// (`HeaderName::from_static`, a value from the string's bytes). The
+/// crate's own names are lowercase; an app's (in a [`Refusal`]) may be in
+/// any case and are sent lowercase.
 pub type Field = (&'static str, String);
+
+/// Whether `name` is a field name the `http` crates take as it is (their
+/// `from_static`, which panics on anything else): lowercase letters,
+/// digits and `-`.
+pub(crate) fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// Says once that a field of an app's refusal could not be sent (its
+/// fields are checked when configured, so only one its closure makes for
+/// some refusals only can get here).
+#[cold]
+pub(crate) fn bad_field(name: &str) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::error!(
+            field = name,
+            "a refusal's header field is not a valid name or value; it was left out (logged once)"
+        );
+    }
+}
 
 /// The draft's policy field: each rule's limit and window.
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
@@ -139,6 +164,40 @@ impl CustomRefusal {
 
     fn build(&self, limited: &RateLimited) -> Refusal {
         (self.build)(limited)
+    }
+
+    /// Builds the refusal of each cause once and checks its fields: a name
+    /// in any case, a value that can be sent.
+    pub(crate) fn check(&self) -> Result<(), crate::Error> {
+        let over = RateLimited::from_decision(&crate::Decision {
+            allowed: false,
+            limit: 1,
+            remaining: 0,
+            reset_after: Duration::from_secs(1),
+            retry_after: Duration::from_secs(1),
+        });
+        for limited in [
+            over,
+            RateLimited::backend_unavailable(1),
+            RateLimited::unknown_client(1),
+        ] {
+            let limited = limited.with_rule(Duration::from_secs(1), "on_refusal");
+            for (name, value) in self.build(&limited).headers {
+                if ::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                    return Err(crate::Error::Config(format!(
+                        "on_refusal: {name:?} is not a header field name (letters, digits \
+                         and !#$%&'*+-.^_`|~, in any case)"
+                    )));
+                }
+                if ::http::HeaderValue::try_from(value).is_err() {
+                    return Err(crate::Error::Config(format!(
+                        "on_refusal: the value of the field {name:?} cannot be sent (a line \
+                         break or another control character)"
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -214,15 +214,21 @@ impl<K> Limit<K> {
     }
 
     /// What to do with a request for `path` from `client` (as the options
-    /// tell it) with `headers`; `key` runs the framework's key closure. Each
+    /// tell it) with `headers`; `key` runs the framework's key closure,
+    /// `limiter` (the one the request is checked by) gives the key secret. Each
     /// kind of subject is compared with the allow-list as the request has it
     /// (not as rendered into the key, where long values are digested and
     /// IPv6 masked).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "what a request is made of, each read only when needed"
+    )]
     pub(crate) fn verdict(
         &self,
         site: &Site,
         path: &str,
         options: &HttpOptions,
+        limiter: &crate::RateLimiter,
         client: impl FnOnce() -> Option<IpAddr>,
         headers: &impl Headers,
         key: impl FnOnce(&K) -> Option<String>,
@@ -237,7 +243,7 @@ impl<K> Limit<K> {
                 if ip.is_some_and(|ip| self.exempt_ips.contains(&ip)) {
                     return Verdict::Pass;
                 }
-                match options.ip_subject(ip) {
+                match options.ip_subject(limiter.key_secret(), ip) {
                     Ok(subject) => subject,
                     Err(()) => return Verdict::Refuse(site.unknown_client()),
                 }
@@ -247,7 +253,7 @@ impl<K> Limit<K> {
                 if value.is_some_and(|v| self.exempt_key(v)) {
                     return Verdict::Pass;
                 }
-                options.header_subject(name, value)
+                options.header_subject(limiter.key_secret(), name, value)
             }
             By::Key(closure) => {
                 let Some(k) = key(closure) else {

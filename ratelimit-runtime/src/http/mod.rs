@@ -27,6 +27,8 @@ pub use handler::{By, HttpCall, NoFallback, Reply, check};
 #[cfg(feature = "actix")]
 pub(crate) use headers::FIELD_NAMES;
 pub use headers::{Field, RATELIMIT, RATELIMIT_POLICY, Refusal, rate_limit_headers, refusal};
+#[cfg(feature = "actix")]
+pub(crate) use headers::{bad_field, is_plain_name};
 
 use crate::Error;
 
@@ -68,10 +70,9 @@ pub struct HttpOptions {
     unknown_client: UnknownClient,
     pub(crate) headers: HeaderStyle,
     pub(crate) json: bool,
-    /// The secret of the keyed digests of header values (and of client
-    /// addresses when `digest_ips`).
-    secret: std::sync::Arc<[u8]>,
-    digest_ips: bool,
+    /// Client addresses as keyed digests in keys (under the limiter's key
+    /// secret).
+    pub(crate) digest_ips: bool,
     pub(crate) refusal: Option<headers::CustomRefusal>,
 }
 
@@ -126,13 +127,29 @@ pub enum UnknownClient {
     Shared,
 }
 
-/// Adds header fields to an `http` header map (axum's and tower's).
+/// Adds header fields to an `http` header map (axum's and tower's). A
+/// name in any case is sent lowercase; one that is not a field name (only
+/// possible from an app's own refusal, checked when configured) is left
+/// out, never a panic.
 #[cfg(feature = "tower")]
 pub(crate) fn append(headers: &mut ::http::HeaderMap, fields: Vec<Field>) {
     for (name, value) in fields {
-        if let Ok(value) = ::http::HeaderValue::try_from(value) {
-            headers.append(::http::HeaderName::from_static(name), value);
-        }
+        let Ok(value) = ::http::HeaderValue::try_from(value) else {
+            headers::bad_field(name);
+            continue;
+        };
+        let name = if headers::is_plain_name(name) {
+            ::http::HeaderName::from_static(name)
+        } else {
+            match ::http::HeaderName::from_bytes(name.as_bytes()) {
+                Ok(name) => name,
+                Err(_) => {
+                    headers::bad_field(name);
+                    continue;
+                }
+            }
+        };
+        headers.append(name, value);
     }
 }
 
@@ -163,7 +180,6 @@ impl Default for HttpOptions {
     fn default() -> Self {
         HttpOptions {
             trusted: std::sync::Arc::new([]),
-            secret: std::sync::Arc::from(crate::keys::DEFAULT_SECRET),
             digest_ips: false,
             refusal: None,
             ipv6_prefix: 64,
@@ -287,8 +303,13 @@ impl HttpOptions {
     }
 
     /// `:ip:<address>` for the key of the client `ip` (IPv6 masked to the
-    /// prefix), or `:ip:#<digest>` with [`digest_client_ips`](Self::digest_client_ips).
-    pub fn subject_of(&self, ip: IpAddr) -> String {
+    /// prefix), or `:ip:#<digest>` with [`digest_client_ips`](Self::digest_client_ips)
+    /// (under `limiter`'s key secret).
+    pub fn subject_of(&self, limiter: &crate::RateLimiter, ip: IpAddr) -> String {
+        self.subject_with(limiter.key_secret(), ip)
+    }
+
+    fn subject_with(&self, secret: &[u8], ip: IpAddr) -> String {
         let mut address = String::with_capacity(44);
         match ip {
             IpAddr::V4(v4) => {
@@ -304,28 +325,23 @@ impl HttpOptions {
         let mut subject = String::with_capacity(48);
         subject.push_str(":ip:");
         if self.digest_ips {
-            crate::keys::push_digest(&mut subject, &self.secret, address.as_bytes());
+            crate::keys::push_digest(&mut subject, secret, address.as_bytes());
         } else {
             subject.push_str(&address);
         }
         subject
     }
 
-    /// The secret of the keyed digests that stand for header values in keys
-    /// (and client addresses, with [`digest_client_ips`](Self::digest_client_ips)).
-    /// Every instance that shares a Redis must use the same one. Without it
-    /// a built-in one is used: keys are stable, but a short value could be
-    /// found by guessing.
-    pub fn key_secret(mut self, secret: impl AsRef<[u8]>) -> HttpOptions {
-        self.secret = std::sync::Arc::from(secret.as_ref());
-        self
-    }
-
     /// Build refusals yourself: `build` makes the response (any status,
     /// fields and body) from the `RateLimited`, for `#[rate_limit]` handlers
     /// without a fallback, the actix middleware and the tower layer. With
     /// `standard_headers`, `Retry-After` and the rate-limit fields are added
-    /// to it (those it does not set itself).
+    /// to it (those it does not set itself). Field names may be written in
+    /// any case (`"X-Reason"`; they are sent lowercase, as HTTP/2 requires).
+    ///
+    /// `build` is called here once for each [`Cause`](crate::Cause) of a
+    /// refusal, and the fields it makes are checked, so a bad one is a
+    /// configuration error at start-up, not a failure on a request.
     ///
     /// ```
     /// use ratelimit_runtime::HttpOptions;
@@ -334,55 +350,75 @@ impl HttpOptions {
     /// let options = HttpOptions::new().on_refusal(
     ///     |limited| Refusal {
     ///         status: StatusCode::TOO_MANY_REQUESTS,
-    ///         headers: vec![("content-type", "text/html".to_owned())],
+    ///         headers: vec![
+    ///             ("Content-Type", "text/html".to_owned()),
+    ///             ("X-Reason", format!("over {} a period", limited.limit)),
+    ///         ],
     ///         body: format!("<p>Slow down: {} s</p>", limited.retry_after_secs()),
     ///     },
     ///     true,
-    /// );
+    /// )?;
+    /// # Ok::<(), ratelimit_runtime::Error>(())
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming a field whose name is not a header field
+    /// name (`"X Reason"`, `""`), or whose value cannot be sent (a line
+    /// break or another control character).
     pub fn on_refusal(
         mut self,
         build: impl Fn(&crate::RateLimited) -> Refusal + Send + Sync + 'static,
         standard_headers: bool,
-    ) -> HttpOptions {
-        self.refusal = Some(headers::CustomRefusal::new(build, standard_headers));
-        self
+    ) -> Result<HttpOptions, Error> {
+        let refusal = headers::CustomRefusal::new(build, standard_headers);
+        refusal.check()?;
+        self.refusal = Some(refusal);
+        Ok(self)
     }
 
     /// Keep client addresses as keyed digests in keys too (personal data
-    /// out of Redis key names and logs); by default they are readable.
+    /// out of Redis key names and logs), under the limiter's
+    /// [`key_secret`](crate::RateLimiterBuilder::key_secret); by default
+    /// they are readable.
     pub fn digest_client_ips(mut self, digest: bool) -> HttpOptions {
         self.digest_ips = digest;
         self
     }
 
     /// The subject a `by = header("name")` rule keeps `value`'s budget
-    /// under, for [`RateLimiter::reset_named`](crate::RateLimiter::reset_named)
-    /// and the like: `header:name:#<digest>`, with these options' secret.
-    pub fn subject_of_header(&self, name: &str, value: &str) -> String {
+    /// under in `limiter`, for [`RateLimiter::reset_named`](crate::RateLimiter::reset_named)
+    /// and the like: `header:name:#<digest>`, under the limiter's key
+    /// secret.
+    pub fn subject_of_header(
+        &self,
+        limiter: &crate::RateLimiter,
+        name: &str,
+        value: &str,
+    ) -> String {
         let name = name.to_ascii_lowercase();
-        self.header_subject(&name, Some(value.as_bytes()))[1..].to_owned()
+        self.header_subject(limiter.key_secret(), &name, Some(value.as_bytes()))[1..].to_owned()
     }
 
     /// The key's subject for `by = header("name")`:
     /// `:header:name:#<digest>` of the value (empty value when the request
     /// has none: such requests share one budget). The value itself is never
     /// in a key or a log.
-    pub(crate) fn header_subject(&self, name: &str, value: Option<&[u8]>) -> String {
+    pub(crate) fn header_subject(&self, secret: &[u8], name: &str, value: Option<&[u8]>) -> String {
         let mut subject = String::with_capacity(name.len() + 42);
         subject.push_str(":header:");
         subject.push_str(name);
         subject.push(':');
-        crate::keys::push_digest(&mut subject, &self.secret, value.unwrap_or_default());
+        crate::keys::push_digest(&mut subject, secret, value.unwrap_or_default());
         subject
     }
 
     /// The key's subject for `by = ip` of the client `ip` (as
     /// [`client_ip`](HttpOptions::client_ip) tells it); `Err` when there is
     /// none and such requests are refused.
-    pub(crate) fn ip_subject(&self, ip: Option<IpAddr>) -> Result<String, ()> {
+    pub(crate) fn ip_subject(&self, secret: &[u8], ip: Option<IpAddr>) -> Result<String, ()> {
         match ip {
-            Some(ip) => Ok(self.subject_of(ip)),
+            Some(ip) => Ok(self.subject_with(secret, ip)),
             None if self.unknown_client == UnknownClient::Shared => Ok(":ip:unknown".to_owned()),
             None => Err(()),
         }
@@ -459,12 +495,13 @@ fn hops(headers: &impl Headers, header: ClientHeader) -> Vec<Option<IpAddr>> {
     }
 }
 
-fn split_list(value: &[u8]) -> Vec<&str> {
-    match std::str::from_utf8(value) {
-        Ok(text) => text.split(',').map(str::trim).collect(),
-        // Not text: one hop nobody can read.
-        Err(_) => vec![""],
-    }
+/// A list header's elements: split on the byte `,` before each is read as
+/// text, so bytes that are not text spoil only their own element (one hop
+/// nobody can read), not the hops a trusted proxy added after them.
+fn split_list(value: &[u8]) -> impl Iterator<Item = &str> {
+    value
+        .split(|&b| b == b',')
+        .map(|element| std::str::from_utf8(element).map_or("", str::trim))
 }
 
 /// `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]:80`, optionally quoted.
@@ -522,219 +559,4 @@ impl Cidr {
 }
 
 #[cfg(test)]
-mod tests {
-    use ::http::{HeaderMap, HeaderName, HeaderValue};
-
-    use super::*;
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in pairs {
-            map.append(
-                HeaderName::try_from(*name).unwrap(),
-                HeaderValue::from_str(value).unwrap(),
-            );
-        }
-        map
-    }
-
-    fn ip(text: &str) -> Option<IpAddr> {
-        Some(text.parse().unwrap())
-    }
-
-    #[test]
-    fn forwarding_headers_count_only_from_trusted_proxies() {
-        let open = HttpOptions::new();
-        let spoofed = headers(&[("x-forwarded-for", "9.9.9.9")]);
-        assert_eq!(
-            open.client_ip(ip("203.0.113.7"), &spoofed),
-            ip("203.0.113.7")
-        );
-
-        let proxied = HttpOptions::new().trust_proxies(["10.0.0.0/8"]).unwrap();
-        assert_eq!(proxied.client_ip(ip("10.0.0.2"), &spoofed), ip("9.9.9.9"));
-        // A client-sent address left of the real one is ignored: the
-        // right-most untrusted hop wins.
-        let chain = headers(&[("x-forwarded-for", "1.1.1.1, 203.0.113.7, 10.0.0.5")]);
-        assert_eq!(proxied.client_ip(ip("10.0.0.2"), &chain), ip("203.0.113.7"));
-        // What the headers a request carries name, read with the default
-        // (`ClientHeader::Any`).
-        type Headers<'a> = &'a [(&'a str, &'a str)];
-        let cases: [(Headers<'_>, Option<IpAddr>); 6] = [
-            // Forwarded (RFC 7239), with quotes, ports and IPv6.
-            (
-                &[(
-                    "forwarded",
-                    "for=1.1.1.1, for=\"[2001:db8::17]:4711\";proto=https",
-                )],
-                ip("2001:db8::17"),
-            ),
-            (&[("x-real-ip", "198.51.100.4")], ip("198.51.100.4")),
-            // Several that agree (nginx's X-Real-IP and X-Forwarded-For).
-            (
-                &[
-                    ("x-forwarded-for", "1.1.1.1, 203.0.113.7"),
-                    ("x-real-ip", "203.0.113.7"),
-                ],
-                ip("203.0.113.7"),
-            ),
-            // One whose hops are all trusted proxies names nobody.
-            (
-                &[
-                    ("x-forwarded-for", "198.51.100.9, 10.0.0.7"),
-                    ("x-real-ip", "10.0.0.7"),
-                ],
-                ip("198.51.100.9"),
-            ),
-            // Headers that name different clients: one of them is the
-            // client's own (its proxy passed it on), so it cannot be told...
-            (
-                &[
-                    ("forwarded", "for=5.5.5.5"),
-                    ("x-forwarded-for", "203.0.113.7"),
-                ],
-                None,
-            ),
-            // ...nor from a hop that is not an address.
-            (&[("forwarded", "for=unknown")], None),
-        ];
-        for (pairs, client) in cases {
-            assert_eq!(
-                proxied.client_ip(ip("10.0.0.2"), &headers(pairs)),
-                client,
-                "{pairs:?}"
-            );
-        }
-        // A client's own X-Real-IP, passed on by a proxy that adds its line
-        // rather than replacing it, is not the client.
-        let added = headers(&[
-            ("x-real-ip", "5.5.5.5"),
-            ("x-real-ip", "203.0.113.7"),
-            ("x-forwarded-for", "203.0.113.7"),
-        ]);
-        for options in [
-            &proxied,
-            &proxied.clone().client_header(ClientHeader::XRealIp),
-        ] {
-            assert_eq!(options.client_ip(ip("10.0.0.2"), &added), ip("203.0.113.7"));
-        }
-        // Headers that disagree name one client once the options say which
-        // header the proxies write.
-        let disagreeing = headers(cases[4].0);
-        for (header, client) in [
-            (ClientHeader::XForwardedFor, ip("203.0.113.7")),
-            (ClientHeader::Forwarded, ip("5.5.5.5")),
-            // Absent: the proxy itself is the client.
-            (ClientHeader::XRealIp, ip("10.0.0.2")),
-        ] {
-            let pinned = proxied.clone().client_header(header);
-            assert_eq!(
-                pinned.client_ip(ip("10.0.0.2"), &disagreeing),
-                client,
-                "{header:?}"
-            );
-        }
-        assert_eq!(proxied.client_ip(None, &spoofed), None);
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
-
-        /// Whatever the forwarding headers say, resolving never panics, and an
-        /// untrusted peer is always the client.
-        #[test]
-        fn forwarding_headers_never_panic(
-            forwarded in "[ -~]{0,120}",
-            xff in "[ -~]{0,120}",
-            real in "[ -~]{0,60}",
-            raw in proptest::collection::vec(0x80u8..=0xff, 0..40),
-        ) {
-            let mut map = headers(&[("forwarded", &forwarded), ("x-forwarded-for", &xff), ("x-real-ip", &real)]);
-            map.append(HeaderName::from_static("x-forwarded-for"), HeaderValue::from_bytes(&raw).unwrap_or(HeaderValue::from_static("")));
-            let trusted = HttpOptions::new().trust_proxies(["0.0.0.0/0", "::/0"]).unwrap();
-            let _ = trusted.client_ip(ip("10.0.0.1"), &map);
-            let open = HttpOptions::new();
-            proptest::prop_assert_eq!(open.client_ip(ip("203.0.113.5"), &map), ip("203.0.113.5"));
-        }
-
-        #[test]
-        fn header_values_never_escape_the_key(value in proptest::collection::vec(0x20u8..=0xff, 0..2000)) {
-            let Ok(header) = HeaderValue::from_bytes(&value) else { return Ok(()); };
-            let subject = HttpOptions::new().header_subject("x-api-key", Some(header.as_bytes()));
-            let part = subject.strip_prefix(":header:x-api-key:").unwrap();
-            proptest::prop_assert!(part.len() <= crate::keys::MAX_PART);
-            proptest::prop_assert!(part.starts_with('#') && part.len() == 33);
-            proptest::prop_assert!(!part.contains([':', '{', '}', '*', '\n', ' ']), "escaped: {:?}", part);
-        }
-    }
-
-    #[test]
-    fn ipv4_mapped_addresses_are_ipv4() {
-        let options = HttpOptions::new().trust_proxies(["127.0.0.1"]).unwrap();
-        assert_eq!(
-            options.client_ip(ip("::ffff:203.0.113.9"), &HeaderMap::new()),
-            ip("203.0.113.9")
-        );
-        assert_eq!(
-            options.client_ip(
-                ip("::ffff:127.0.0.1"),
-                &headers(&[("x-real-ip", "1.2.3.4")])
-            ),
-            ip("1.2.3.4")
-        );
-    }
-
-    /// `:ip:<address>` for the key of the client behind `peer`, or `None`.
-    fn client_subject(options: &HttpOptions, peer: &str) -> Option<String> {
-        let peer = peer.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
-        options
-            .client_ip(peer, &HeaderMap::new())
-            .map(|ip| options.subject_of(ip))
-    }
-
-    #[test]
-    fn ipv6_clients_are_grouped_by_prefix() {
-        let by_64 = HttpOptions::new();
-        let a = client_subject(&by_64, "[2001:db8:1:2:aaaa::1]:443").unwrap();
-        let b = client_subject(&by_64, "[2001:db8:1:2:bbbb::9]:443").unwrap();
-        let c = client_subject(&by_64, "[2001:db8:1:3::1]:443").unwrap();
-        assert_eq!(a, ":ip:2001:db8:1:2::/64");
-        assert_eq!(a, b, "one /64, one budget");
-        assert_ne!(a, c);
-        let alone = HttpOptions::new().ipv6_prefix(128);
-        assert_ne!(
-            client_subject(&alone, "[2001:db8:1:2:aaaa::1]:443"),
-            client_subject(&alone, "[2001:db8:1:2:bbbb::9]:443")
-        );
-        assert_eq!(
-            client_subject(&by_64, "[::ffff:198.51.100.7]:80").unwrap(),
-            ":ip:198.51.100.7"
-        );
-        assert_eq!(
-            client_subject(&by_64, "198.51.100.7:80").unwrap(),
-            ":ip:198.51.100.7"
-        );
-        assert_eq!(client_subject(&by_64, "no peer"), None);
-    }
-
-    #[test]
-    fn cidr_blocks() {
-        let block = Cidr::parse("192.168.0.0/16").unwrap();
-        assert!(block.contains("192.168.44.1".parse().unwrap()));
-        assert!(!block.contains("192.169.0.1".parse().unwrap()));
-        assert!(
-            Cidr::parse("fd00::/8")
-                .unwrap()
-                .contains("fdab::1".parse().unwrap())
-        );
-        assert!(
-            Cidr::parse("0.0.0.0/0")
-                .unwrap()
-                .contains("8.8.8.8".parse().unwrap())
-        );
-        for bad in ["10.0.0.0/33", "ten", "10.0.0.0/x", ""] {
-            assert!(Cidr::parse(bad).is_err(), "{bad}");
-        }
-        assert!(HttpOptions::new().trust_proxies(["nope"]).is_err());
-    }
-}
+mod tests;

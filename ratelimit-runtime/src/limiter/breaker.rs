@@ -135,10 +135,15 @@ const MIN_SWEEP_LEN: usize = 256;
 /// time Redis named, measured from before the request was sent (so never
 /// later than Redis' own), and only calls that cost at least as much as the
 /// refused one.
+///
+/// It holds at most about as many keys as the limiter's `max_keys`: a shard
+/// still mostly full after dropping expired refusals starts over (it only
+/// saves round trips; a key it forgot is asked of Redis again).
 #[derive(Debug)]
 pub(crate) struct OverLimitCache {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
+    max_per_shard: usize,
 }
 
 #[derive(Debug, Default)]
@@ -164,8 +169,10 @@ struct Refusal {
 }
 
 impl OverLimitCache {
-    pub(crate) fn new() -> OverLimitCache {
+    /// A cache of at most about `max_keys` keys.
+    pub(crate) fn new(max_keys: usize) -> OverLimitCache {
         OverLimitCache {
+            max_per_shard: max_keys.div_ceil(CACHE_SHARDS).max(MIN_SWEEP_LEN),
             shards: (0..CACHE_SHARDS)
                 .map(|_| {
                     Mutex::new(Shard {
@@ -249,7 +256,10 @@ impl OverLimitCache {
         }
         if shard.entries.len() >= shard.sweep_at {
             shard.entries.retain(|_, r| r.until > now);
-            shard.sweep_at = (shard.entries.len() * 2).max(MIN_SWEEP_LEN);
+            if shard.entries.len() >= self.max_per_shard / 2 {
+                shard.entries.clear();
+            }
+            shard.sweep_at = (shard.entries.len() * 2).clamp(MIN_SWEEP_LEN, self.max_per_shard);
         }
         shard.entries.insert(key.into(), refusal);
     }
@@ -302,9 +312,36 @@ mod tests {
 
     const RULE: Rule = Rule::fixed_window(5, Duration::from_secs(60));
 
+    /// The cache is bounded by the limiter's `max_keys`, however many keys
+    /// Redis refuses for however long. (It used to grow with them.)
+    #[test]
+    fn the_cache_holds_at_most_about_max_keys() {
+        let max_keys = CACHE_SHARDS * MIN_SWEEP_LEN;
+        let cache = OverLimitCache::new(max_keys);
+        let refused = Decision {
+            allowed: false,
+            limit: 5,
+            remaining: 0,
+            reset_after: Duration::from_secs(3600),
+            retry_after: Duration::from_secs(3600),
+        };
+        let sent = Instant::now();
+        for i in 0..20 * max_keys {
+            cache.remember(&RULE, &format!("flood:{i}"), 1, &refused, sent);
+        }
+        let held: usize = cache
+            .shards
+            .iter()
+            .map(|s| s.lock().unwrap().entries.len())
+            .sum();
+        assert!(held <= max_keys, "{held} keys held, over {max_keys}");
+        let last = format!("flood:{}", 20 * max_keys - 1);
+        assert!(cache.refused(&RULE, &last, 1).is_some(), "still caching");
+    }
+
     #[test]
     fn the_cache_refuses_only_until_the_time_redis_named() {
-        let cache = OverLimitCache::new();
+        let cache = OverLimitCache::new(1_000);
         let refused = |retry_ms| Decision {
             allowed: false,
             limit: 5,

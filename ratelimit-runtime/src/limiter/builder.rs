@@ -1,5 +1,8 @@
 //! [`RateLimiterBuilder`]: the backend, its failure policy and its options.
 
+use std::fmt;
+use std::sync::Arc;
+
 #[cfg(feature = "redis")]
 use std::time::Duration;
 
@@ -13,17 +16,22 @@ use crate::backend::redis::{
     ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, RedisBackend,
 };
 use crate::clock::Clock;
+use crate::secret::KeySecret;
+#[cfg(feature = "redis")]
+use crate::secret::{redact_url, redact_urls};
 use crate::{Error, OnError};
 
 /// Builds a [`RateLimiter`]: pick a backend, then [`build`](RateLimiterBuilder::build).
 ///
 /// The default backend is in process memory.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct RateLimiterBuilder {
     backend: BackendChoice,
     on_error: OnError,
     shadow: bool,
     max_keys: Option<usize>,
+    key_secret: Option<KeySecret>,
+    public_key_secret: bool,
     clock: Option<Box<dyn Clock>>,
     #[cfg(feature = "redis")]
     timeout: Option<Duration>,
@@ -43,7 +51,26 @@ pub struct RateLimiterBuilder {
     tls_root: Option<Vec<u8>>,
 }
 
-#[derive(Debug, Default)]
+/// What a builder prints: no password of a URL, no key secret, no
+/// certificate.
+impl fmt::Debug for RateLimiterBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = f.debug_struct("RateLimiterBuilder");
+        out.field("backend", &self.backend)
+            .field("on_error", &self.on_error)
+            .field("shadow", &self.shadow)
+            .field("max_keys", &self.max_keys)
+            .field("key_secret", &self.key_secret)
+            .field("public_key_secret", &self.public_key_secret);
+        #[cfg(feature = "redis")]
+        out.field("timeout", &self.timeout)
+            .field("over_limit_cache", &self.over_limit_cache)
+            .field("start_degraded", &self.start_degraded);
+        out.finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
 enum BackendChoice {
     #[default]
     Memory,
@@ -60,6 +87,37 @@ enum BackendChoice {
     #[cfg(feature = "sentinel")]
     RedisSentinel(String, Vec<String>),
     Custom(Box<dyn DynBackend>),
+}
+
+impl fmt::Debug for BackendChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendChoice::Memory => f.write_str("Memory"),
+            #[cfg(feature = "redis")]
+            BackendChoice::Redis(url) => f.debug_tuple("Redis").field(&redact_url(url)).finish(),
+            #[cfg(feature = "redis")]
+            BackendChoice::RedisCluster(urls) => f
+                .debug_tuple("RedisCluster")
+                .field(&redact_urls(urls))
+                .finish(),
+            #[cfg(feature = "redis")]
+            BackendChoice::RedisClient(client) => f
+                .debug_tuple("RedisClient")
+                .field(&client.get_connection_info().addr().to_string())
+                .finish(),
+            #[cfg(feature = "redis")]
+            BackendChoice::RedisManager(_) => f.write_str("RedisConnectionManager"),
+            #[cfg(feature = "redis")]
+            BackendChoice::RedisClusterClient(_) => f.write_str("RedisClusterClient"),
+            #[cfg(feature = "sentinel")]
+            BackendChoice::RedisSentinel(master, sentinels) => f
+                .debug_tuple("RedisSentinel")
+                .field(master)
+                .field(&redact_urls(sentinels))
+                .finish(),
+            BackendChoice::Custom(backend) => f.debug_tuple("Custom").field(backend).finish(),
+        }
+    }
 }
 
 impl RateLimiterBuilder {
@@ -184,11 +242,69 @@ impl RateLimiterBuilder {
 
     /// At most about `max_keys` keys in process memory (the in-memory store,
     /// or the insurance limiter used while Redis fails); see
-    /// [`MemoryBackend::with_max_keys`] for what happens when it is reached.
-    /// Default: no cap (expired keys are still reclaimed).
+    /// [`MemoryBackend::with_max_keys`] for what happens when it is reached
+    /// (calls stay limited). Default: 1,000,000
+    /// ([`DEFAULT_MAX_KEYS`](crate::backend::memory::DEFAULT_MAX_KEYS)),
+    /// 76 to 155 MB by the keys' length; `usize::MAX` for no cap (expired
+    /// keys are still reclaimed).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
         self
+    }
+
+    /// The secret of the keyed digests that stand for header values in keys
+    /// (`by = header(..)`, a middleware's `by_header`), and client
+    /// addresses with [`HttpOptions::digest_client_ips`](crate::HttpOptions::digest_client_ips):
+    /// HMAC-SHA1 under it, so whoever reads keys (Redis, logs) can neither
+    /// read an API key nor test guesses of one. Every instance that shares a
+    /// Redis must have the same; read it from your secret store or the
+    /// environment, never from the code.
+    ///
+    /// Without it, a limiter in process memory uses a random secret of the
+    /// process (nothing else reads its keys); a limiter on Redis (or a
+    /// backend of your own) fails to [`build`](Self::build) when the program
+    /// has a `by = header(..)` rule, unless
+    /// [`public_key_secret`](Self::public_key_secret) says otherwise.
+    pub fn key_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.key_secret = Some(KeySecret::Given(Arc::from(secret.as_ref())));
+        self
+    }
+
+    /// With Redis (or a backend of your own) and no
+    /// [`key_secret`](Self::key_secret): digest with the crate's built-in
+    /// secret instead of failing to build. It is public, so keys agree
+    /// across instances, but anyone who reads them can test guesses of the
+    /// values offline (short API keys, and every IPv4 address). For tests
+    /// and trusted setups only.
+    pub fn public_key_secret(mut self, allow: bool) -> Self {
+        self.public_key_secret = allow;
+        self
+    }
+
+    /// The key secret for the chosen backend; `Err` when it needs one the
+    /// application did not give.
+    fn secret(&self) -> Result<KeySecret, Error> {
+        if let Some(secret) = &self.key_secret {
+            return Ok(secret.clone());
+        }
+        if matches!(self.backend, BackendChoice::Memory) {
+            return Ok(KeySecret::Process);
+        }
+        if self.public_key_secret {
+            return Ok(KeySecret::Public);
+        }
+        let headers = crate::site::HEADER_SUBJECTS;
+        if let Some(header) = headers.first() {
+            return Err(Error::Config(format!(
+                "this program limits by a request header (`by = header({header:?})`), and its \
+                 budgets are kept in a store other instances share: set \
+                 RateLimiterBuilder::key_secret (the same on every instance, read from your \
+                 secret store or the environment) so the digests that stand for header \
+                 values in keys cannot be guessed, or .public_key_secret(true) to accept \
+                 the built-in public one"
+            )));
+        }
+        Ok(KeySecret::Missing)
     }
 
     /// Shadow mode for every rule on this limiter: calls are checked and
@@ -266,9 +382,12 @@ impl RateLimiterBuilder {
 
     #[cfg(feature = "redis")]
     fn redis_store(&self, redis: RedisBackend, clock: Option<Box<dyn Clock>>) -> Store {
-        let over_limit = self
-            .over_limit_cache
-            .then(|| std::sync::Arc::new(OverLimitCache::new()));
+        let over_limit = self.over_limit_cache.then(|| {
+            std::sync::Arc::new(OverLimitCache::new(
+                self.max_keys
+                    .unwrap_or(crate::backend::memory::DEFAULT_MAX_KEYS),
+            ))
+        });
         if let Some(cache) = &over_limit {
             // What a late answer allowed, given back: the key's refusal no
             // longer holds.
@@ -308,10 +427,14 @@ impl RateLimiterBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for a malformed Redis URL, [`Error::Backend`] if
+    /// [`Error::Config`] for a malformed Redis URL (its password left out of
+    /// the message), or a Redis (or custom) backend without a
+    /// [`key_secret`](Self::key_secret) in a program that limits by a
+    /// request header; [`Error::Backend`] if
     /// Redis cannot be reached (or the scripts loaded) within the connect
     /// timeout.
     pub async fn build(mut self) -> Result<RateLimiter, Error> {
+        let secret = self.secret()?;
         let clock = self.clock.take();
         let backend = std::mem::take(&mut self.backend);
         let store = match backend {
@@ -368,6 +491,7 @@ impl RateLimiterBuilder {
         Ok(RateLimiter {
             on_error: self.on_error,
             shadow: self.shadow,
+            secret,
             ..RateLimiter::from_store(store)
         })
     }

@@ -25,6 +25,7 @@ use crate::backend::memory::MemoryBackend;
 #[cfg(feature = "redis")]
 use crate::backend::redis::RedisBackend;
 use crate::clock::Clock;
+use crate::secret::KeySecret;
 use crate::{Charge, Decision, Error, OnError, Rule};
 #[cfg(feature = "redis")]
 use breaker::{Breaker, CircuitOpen, OverLimitCache};
@@ -71,6 +72,9 @@ pub struct RateLimiter {
     store: Arc<Store>,
     on_error: OnError,
     shadow: bool,
+    /// The secret of the keyed digests in its keys (its `Debug` is redacted).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    secret: KeySecret,
 }
 
 #[derive(Debug)]
@@ -149,7 +153,15 @@ impl RateLimiter {
             store: Arc::new(store),
             on_error: OnError::default(),
             shadow: false,
+            secret: KeySecret::Process,
         }
+    }
+
+    /// The secret of the keyed digests that stand for header values (and
+    /// client addresses, if the options say so) in this limiter's keys.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn key_secret(&self) -> &[u8] {
+        self.secret.bytes()
     }
 
     /// Whether every rule on this limiter is in shadow mode (checked and

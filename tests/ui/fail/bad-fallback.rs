@@ -1,26 +1,9 @@
-use ratelimit_runtime::{rate_limit, RateLimited};
+use ratelimit_runtime::rate_limit;
 
-#[rate_limit(key = "k", count = 3, fallback = wrong_args)]
-async fn f(id: u32) -> String {
-    id.to_string()
-}
-
-async fn wrong_args(limited: RateLimited) -> String {
-    limited.to_string()
-}
-
+// `fallback` takes a path.
 #[rate_limit(key = "k", count = 3, fallback = "later")]
-async fn g(id: u32) -> String {
+async fn j(id: u32) -> String {
     id.to_string()
-}
-
-#[rate_limit(key = "k", count = 3, fallback = later)]
-async fn h((a, b): (u32, u32)) -> String {
-    (a + b).to_string()
-}
-
-async fn later(limited: RateLimited) -> String {
-    limited.to_string()
 }
 
 fn main() {}

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use super::Backend;
 use crate::algorithm::{self, spec};
+use crate::secret::{redact_url, redact_urls};
 use crate::{Charge, Decision, Error, Rule};
 use batch::{Answer, Batching, Job, Ran, answered, send_batch};
 use codec::{Call, Clock, Op};
@@ -154,7 +155,7 @@ impl RedisBackend {
     pub async fn open(url: &str, options: ConnectOptions) -> Result<RedisBackend, Error> {
         tls::install_provider();
         let client = redis::Client::open(url)
-            .map_err(|e| Error::Config(format!("bad Redis URL {url:?}: {e}")))?;
+            .map_err(|e| Error::Config(format!("bad Redis URL {:?}: {e}", redact_url(url))))?;
         RedisBackend::start(Target::Single(client), options).await
     }
 
@@ -172,8 +173,13 @@ impl RedisBackend {
         options: ConnectOptions,
     ) -> Result<RedisBackend, Error> {
         tls::install_provider();
-        let client = redis::Client::build_with_tls(url, tls::certificates(root_pem))
-            .map_err(|e| Error::Config(format!("bad Redis URL or certificate {url:?}: {e}")))?;
+        let client =
+            redis::Client::build_with_tls(url, tls::certificates(root_pem)).map_err(|e| {
+                Error::Config(format!(
+                    "bad Redis URL or certificate {:?}: {e}",
+                    redact_url(url)
+                ))
+            })?;
         RedisBackend::start(Target::Single(client), options).await
     }
 
@@ -247,7 +253,12 @@ impl RedisBackend {
             None,
             SentinelServerType::Master,
         )
-        .map_err(|e| Error::Config(format!("bad Sentinel URLs {sentinels:?}: {e}")))?;
+        .map_err(|e| {
+            Error::Config(format!(
+                "bad Sentinel URLs {:?}: {e}",
+                redact_urls(sentinels)
+            ))
+        })?;
         let client = Arc::new(tokio::sync::Mutex::new(client));
         let resolve: connection::Resolve = Box::new(move || {
             let client = Arc::clone(&client);
@@ -266,9 +277,12 @@ impl RedisBackend {
         options: ConnectOptions,
     ) -> Result<RedisBackend, Error> {
         tls::install_provider();
-        let client = cluster_builder(urls, options)
-            .build()
-            .map_err(|e| Error::Config(format!("bad Redis Cluster URLs {urls:?}: {e}")))?;
+        let client = cluster_builder(urls, options).build().map_err(|e| {
+            Error::Config(format!(
+                "bad Redis Cluster URLs {:?}: {e}",
+                redact_urls(urls)
+            ))
+        })?;
         RedisBackend::start(Target::Cluster(Box::new(client)), options).await
     }
 
@@ -287,7 +301,12 @@ impl RedisBackend {
         let client = cluster_builder(urls, options)
             .certs(tls::certificates(root_pem))
             .build()
-            .map_err(|e| Error::Config(format!("bad Redis Cluster URLs {urls:?}: {e}")))?;
+            .map_err(|e| {
+                Error::Config(format!(
+                    "bad Redis Cluster URLs {:?}: {e}",
+                    redact_urls(urls)
+                ))
+            })?;
         RedisBackend::start(Target::Cluster(Box::new(client)), options).await
     }
 

@@ -1,30 +1,32 @@
 //! The in-process store: the embedded default, and the insurance limiter
 //! while Redis is unavailable.
 
-use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+mod shard;
 
-use hashbrown::HashTable;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, MutexGuard};
 
 use super::{Backend, StoredKey};
 use crate::algorithm::{self, State};
 use crate::clock::{Clock, SystemClock};
 use crate::{Algorithm, Charge, Decision, Error, Rule};
+use shard::{Entry, Hasher, MAX_PER_SHARD, Overflow, Shard, ShardMap, Slot, key_hash};
 
 /// How many independently locked shards the keys are spread over, so tasks on
 /// different keys rarely wait for each other.
 const SHARDS: usize = 64;
 
-/// A shard sweeps out expired keys when it grows past this many (and then
-/// past twice what survived the last sweep), so memory follows the live keys
-/// without a background task.
-const MIN_SWEEP_LEN: usize = 1024;
+/// The most keys a store tracks unless told otherwise
+/// ([`MemoryBackend::with_max_keys`]): about 76 to 155 MB of keys, by their
+/// length (see the README).
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
 /// Budgets kept in process memory, sharded by key.
 ///
 /// Cheap to clone (clones share the store). Expired keys are reclaimed as new
-/// keys arrive; nothing needs to be called for that. Time is the given
+/// keys arrive; nothing needs to be called for that. It tracks at most about
+/// [`DEFAULT_MAX_KEYS`] keys (see [`with_max_keys`](MemoryBackend::with_max_keys)
+/// for what happens when full: calls stay limited). Time is the given
 /// [`Clock`]'s, in whole microseconds.
 ///
 /// ```
@@ -39,9 +41,21 @@ const MIN_SWEEP_LEN: usize = 1024;
 /// clock.advance(Duration::from_secs(1));
 /// assert!(store.check_now(&rule, "k", 1).allowed);
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct MemoryBackend {
     inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for MemoryBackend {
+    /// The cap, not the keys (a store holds up to a million).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field(
+                "max_keys",
+                &self.inner.max_per_shard().saturating_mul(SHARDS),
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug)]
@@ -49,12 +63,48 @@ struct Inner {
     shards: Box<[Shard]>,
     /// The most keys one shard tracks (`max_keys / SHARDS`).
     max_per_shard: AtomicUsize,
-    /// Set once the cap was reached (logged once).
-    capped: AtomicBool,
+    /// The budgets of calls of keys a full shard could not track.
+    overflow: Overflow,
+    /// Set once a call was charged to the overflow (logged once).
+    overflowed: AtomicBool,
+    #[cfg(feature = "metrics")]
+    overflow_counter: std::sync::OnceLock<::metrics::Counter>,
+    /// Calls charged to the overflow (tests count them).
+    #[cfg(test)]
+    overflow_calls: AtomicUsize,
     /// Seeded per store: callers choose keys, so the hash must not be
     /// predictable (flooding one bucket).
     hasher: Hasher,
     clock: StoreClock,
+}
+
+impl Inner {
+    fn max_per_shard(&self) -> usize {
+        self.max_per_shard
+            .load(Ordering::Relaxed)
+            .min(MAX_PER_SHARD)
+    }
+
+    /// Counts a call charged to the overflow, and says so the first time.
+    fn note_overflow(&self) {
+        #[cfg(test)]
+        self.overflow_calls.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        self.overflow_counter
+            .get_or_init(|| ::metrics::counter!("ratelimit_memory_overflow_total"))
+            .increment(1);
+        if !self.overflowed.load(Ordering::Relaxed)
+            && !self.overflowed.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                max_keys = self.max_per_shard().saturating_mul(SHARDS),
+                "the in-memory rate limiter is full of keys whose budgets are in use; until \
+                 some recover, calls of keys it cannot track share one budget per rule \
+                 (logged once; counted in ratelimit_memory_overflow_total). Raise \
+                 RateLimiterBuilder::max_keys if this is not a flood"
+            );
+        }
+    }
 }
 
 /// The store's clock. The system clock, the default, is read directly (a
@@ -76,109 +126,6 @@ impl StoreClock {
     }
 }
 
-type Hasher = foldhash::fast::RandomState;
-
-/// A key's hash: the one function every lookup, insert and index rebuild
-/// uses, so a key stored and a key asked for always agree.
-fn key_hash(hasher: &Hasher, key: &[u8]) -> u64 {
-    hasher.hash_one(key)
-}
-
-/// One lock's worth of keys, on its own cache line.
-#[derive(Debug, Default)]
-#[repr(align(64))]
-struct Shard {
-    map: Mutex<ShardMap>,
-}
-
-/// A shard's keys: the entries in a dense list in the order they arrived,
-/// and a small hash index of their positions (as `indexmap` keeps them). The
-/// index is 5 bytes a key, so a lookup's probing stays in the CPU's caches
-/// even with many keys, and the one entry it lands on is the only memory
-/// touched that may not be.
-#[derive(Debug)]
-struct ShardMap {
-    /// Positions in `entries`, keyed by the one hash computed per call (it
-    /// also picked the shard).
-    index: HashTable<u32>,
-    entries: Vec<Entry>,
-    sweep_at: usize,
-}
-
-impl Default for ShardMap {
-    fn default() -> Self {
-        ShardMap {
-            index: HashTable::new(),
-            entries: Vec::new(),
-            sweep_at: MIN_SWEEP_LEN,
-        }
-    }
-}
-
-impl ShardMap {
-    /// The entry of `key`, if the shard tracks it.
-    #[inline]
-    fn find_mut(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
-        let entries = &self.entries;
-        let at = *self
-            .index
-            .find(hash, |&at| entries[at as usize].key.is(key))?;
-        Some(&mut self.entries[at as usize])
-    }
-
-    fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    fn push(&mut self, hash: u64, entry: Entry, hasher: &Hasher) {
-        // `insert` keeps a shard under `MAX_PER_SHARD` (2^32) keys.
-        let at = self.entries.len() as u32;
-        // Grown by a quarter, not doubled: a shard's spare room (memory per
-        // key) stays under a quarter of its keys' (benches/footprint.rs).
-        if self.entries.len() == self.entries.capacity() {
-            self.entries.reserve_exact((self.entries.len() / 4).max(16));
-        }
-        self.entries.push(entry);
-        let entries = &self.entries;
-        self.index.insert_unique(hash, at, |&at| {
-            key_hash(hasher, entries[at as usize].key.as_bytes())
-        });
-    }
-}
-
-/// One key and its state. Its hash is not kept (the index tags each slot
-/// with 7 bits of it; growing or rebuilding the index hashes the keys again).
-#[derive(Debug)]
-#[repr(align(64))] // 64 bytes: one cache line each (see the test)
-struct Entry {
-    key: StoredKey,
-    slot: Slot,
-}
-
-#[derive(Debug, Default)]
-struct Slot {
-    state: Option<State>,
-    /// When `state` is worth nothing any more, in µs of the clock.
-    expires_at: u64,
-}
-
-impl Slot {
-    /// Runs one step of the key's algorithm on it.
-    #[inline]
-    fn step(
-        &mut self,
-        rule: &Rule,
-        now: u64,
-        step: impl FnOnce(&mut Option<State>, u64) -> algorithm::Outcome,
-    ) -> algorithm::Outcome {
-        let outcome = step(&mut self.state, now);
-        if let Some(state) = &self.state {
-            self.expires_at = state.expires_at(rule);
-        }
-        outcome
-    }
-}
-
 impl MemoryBackend {
     /// A store on the system's monotonic clock.
     pub fn new() -> MemoryBackend {
@@ -195,25 +142,43 @@ impl MemoryBackend {
     }
 
     fn with_store_clock(clock: StoreClock) -> MemoryBackend {
-        MemoryBackend {
+        let store = MemoryBackend {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Shard::default()).collect(),
                 max_per_shard: AtomicUsize::new(usize::MAX),
-                capped: AtomicBool::new(false),
-                hasher: foldhash::fast::RandomState::default(),
+                overflow: Overflow::default(),
+                overflowed: AtomicBool::new(false),
+                #[cfg(feature = "metrics")]
+                overflow_counter: std::sync::OnceLock::new(),
+                #[cfg(test)]
+                overflow_calls: AtomicUsize::new(0),
+                hasher: Hasher::default(),
                 clock,
             }),
-        }
+        };
+        store.with_max_keys(DEFAULT_MAX_KEYS)
     }
 
-    /// The same store with at most about `max_keys` keys tracked (spread over
-    /// 64 shards). When a shard is full, expired keys are dropped first; if
-    /// it is still full, a new key's call is decided as the key's first call
-    /// (so allowed) and the key is not tracked: the store fails open for
-    /// unseen keys instead of growing or forgetting keys it tracks. Logged
-    /// once (`warn`). The cap is the store's: its clones (sharing it) have
-    /// it too. Keys it already tracks over a lowered cap stay until they
-    /// expire.
+    /// The same store with at most about `max_keys` keys tracked (default
+    /// [`DEFAULT_MAX_KEYS`]; spread over 64 shards, so a shard may fill a
+    /// little before the store holds `max_keys`). A full store never lets a
+    /// call through unlimited and never forgets a key whose budget is in
+    /// use:
+    ///
+    /// - a new key takes the place of one whose budget has recovered (its
+    ///   state expired: the budget is whole again, so nothing is lost);
+    /// - a key it cannot store is charged to an overflow budget of its rule,
+    ///   one per rule (by its numbers), shared by every key it could not
+    ///   store: under a flood of new keys those share one budget until keys
+    ///   recover. Logged once (`warn`), counted in the metric
+    ///   `ratelimit_memory_overflow_total` (feature `metrics`).
+    ///
+    /// A call at the cap costs a small constant more than one of a tracked
+    /// key: the shard is swept only when a key in it can have expired, and
+    /// at most once per a number of such calls proportional to its keys.
+    /// The cap is the store's: its clones (sharing it) have it too. Keys it
+    /// already tracks over a lowered cap stay until they expire.
+    /// `usize::MAX` tracks every key.
     pub fn with_max_keys(self, max_keys: usize) -> MemoryBackend {
         self.inner
             .max_per_shard
@@ -227,7 +192,7 @@ impl MemoryBackend {
     pub fn sweep(&self) {
         let now = self.inner.clock.now_micros();
         for shard in self.inner.shards.iter() {
-            sweep(&mut lock(shard), now, &self.inner.hasher);
+            shard.lock().sweep(now, &self.inner.hasher);
         }
     }
 
@@ -268,17 +233,23 @@ impl MemoryBackend {
         if let Some(entry) = self.shard(hash).find_mut(hash, key) {
             algorithm::release(&mut entry.slot.state, id);
         }
+        // Or taken from an overflow budget, before the key found room.
+        if self.inner.overflowed.load(Ordering::Relaxed) {
+            self.inner.overflow.release(id);
+        }
     }
 
     /// What a check of cost 1 would answer now, without consuming
     /// anything.
     pub fn peek_now(&self, rule: &Rule, key: &str) -> Decision {
-        self.look(rule, key, |_, _| ())
+        self.look(rule, key, true, |_, _| ())
     }
 
     /// Gives back what `charge` took from `key`'s budget, where it is still
     /// counted (see [`Backend::refund`]), then answers as
-    /// [`peek_now`](MemoryBackend::peek_now).
+    /// [`peek_now`](MemoryBackend::peek_now). A key a full store does not
+    /// track was charged to its rule's overflow budget: that budget gets
+    /// them back.
     ///
     /// # Errors
     ///
@@ -288,7 +259,7 @@ impl MemoryBackend {
         if algorithm::spec(rule.algorithm()).refund.is_none() {
             return Err(Error::Unsupported("refunds under a concurrency rule"));
         }
-        Ok(self.look(rule, key, |slot, now| {
+        Ok(self.look(rule, key, true, |slot, now| {
             if let Some(stamp) = charge.stamp() {
                 algorithm::refund(slot, rule, now, charge.units(), stamp);
             }
@@ -296,31 +267,51 @@ impl MemoryBackend {
     }
 
     /// Forgets `key`'s state (its leases too), then answers as
-    /// [`peek_now`](MemoryBackend::peek_now).
+    /// [`peek_now`](MemoryBackend::peek_now) (a full store's overflow
+    /// budget is left alone: it is every untracked key's).
     pub fn reset_now(&self, rule: &Rule, key: &str) -> Decision {
-        self.look(rule, key, |slot, _| *slot = None)
+        self.look(rule, key, false, |slot, _| *slot = None)
     }
 
     /// Runs `first` on the key's state, if it has one, then answers what a
-    /// check of cost 1 would.
+    /// check of cost 1 would. A key a full shard does not track answers
+    /// from its rule's overflow budget (`first` runs on it too when
+    /// `overflow`).
     fn look(
         &self,
         rule: &Rule,
         key: &str,
+        overflow: bool,
         first: impl FnOnce(&mut Option<State>, u64),
     ) -> Decision {
         let now = self.inner.clock.now_micros();
         let hash = key_hash(&self.inner.hasher, key.as_bytes());
         let mut shard = self.shard(hash);
-        let outcome = match shard.find_mut(hash, key) {
-            Some(entry) => {
-                first(&mut entry.slot.state, now);
-                if let Some(state) = &entry.slot.state {
-                    entry.slot.expires_at = state.expires_at(rule);
-                }
-                algorithm::peek(&entry.slot.state, rule, now)
+        let outcome = if let Some(entry) = shard.find_mut(hash, key) {
+            first(&mut entry.slot.state, now);
+            if let Some(state) = &entry.slot.state {
+                entry.slot.expires_at = state.expires_at(rule);
             }
-            None => algorithm::peek(&None, rule, now),
+            let (outcome, expires_at) = (
+                algorithm::peek(&entry.slot.state, rule, now),
+                entry.slot.expires_at,
+            );
+            shard.expiry_moved(expires_at);
+            outcome
+        } else if shard.len() >= self.inner.max_per_shard() {
+            drop(shard);
+            self.inner.overflow.with(rule, now, |slot| {
+                if overflow {
+                    slot.step(rule, now, |state, now| {
+                        first(state, now);
+                        algorithm::peek(state, rule, now)
+                    })
+                } else {
+                    algorithm::peek(&slot.state, rule, now)
+                }
+            })
+        } else {
+            algorithm::peek(&None, rule, now)
         };
         outcome.decision(rule)
     }
@@ -335,11 +326,14 @@ impl MemoryBackend {
         let now = self.inner.clock.now_micros();
         let hash = key_hash(&self.inner.hasher, key.as_bytes());
         let mut shard = self.shard(hash);
-        let outcome = match shard.find_mut(hash, key) {
-            Some(entry) => entry.slot.step(rule, now, step),
-            None => {
+        if let Some(entry) = shard.find_mut(hash, key) {
+            return (entry.slot.step(rule, now, step), now);
+        }
+        let outcome = match () {
+            () if shard.room(self.inner.max_per_shard(), now, &self.inner.hasher) => {
                 let mut state = None;
                 let outcome = step(&mut state, now);
+                // A refused first call leaves nothing to keep.
                 if let Some(state) = state.filter(|s| s.expires_at(rule) > now) {
                     let expires_at = state.expires_at(rule);
                     let entry = Entry {
@@ -349,16 +343,16 @@ impl MemoryBackend {
                             expires_at,
                         },
                     };
-                    if !insert(&mut shard, hash, entry, now, &self.inner)
-                        && !self.inner.capped.swap(true, Ordering::Relaxed)
-                    {
-                        tracing::warn!(
-                            "the in-memory rate limiter tracks its maximum of keys; \
-                             calls of new keys are allowed untracked until keys expire"
-                        );
-                    }
+                    shard.push(hash, entry, &self.inner.hasher);
                 }
                 outcome
+            }
+            () => {
+                drop(shard);
+                self.inner.note_overflow();
+                self.inner
+                    .overflow
+                    .with(rule, now, |slot| slot.step(rule, now, step))
             }
         };
         (outcome, now)
@@ -366,7 +360,7 @@ impl MemoryBackend {
 
     /// How many keys the store holds, expired ones not yet reclaimed included.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).len()).sum()
+        self.inner.shards.iter().map(|s| s.lock().len()).sum()
     }
 
     /// Whether the store holds no keys.
@@ -379,7 +373,7 @@ impl MemoryBackend {
     /// taking the shard from those would leave keys of one shard sharing
     /// most of their tag, and each lookup would compare many keys.
     fn shard(&self, hash: u64) -> MutexGuard<'_, ShardMap> {
-        lock(&self.inner.shards[(hash >> 51) as usize % SHARDS])
+        self.inner.shards[(hash >> 51) as usize % SHARDS].lock()
     }
 }
 
@@ -423,64 +417,11 @@ impl Backend for MemoryBackend {
     }
 }
 
-/// A poisoned shard only means another thread panicked while holding it; the
-/// states in it are still whole, so keep serving.
-fn lock(shard: &Shard) -> MutexGuard<'_, ShardMap> {
-    shard.map.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Stores a new key, unless the shard is at its cap even after dropping
-/// expired keys (then `false`).
-fn insert(shard: &mut ShardMap, hash: u64, entry: Entry, now: u64, inner: &Inner) -> bool {
-    let max = inner
-        .max_per_shard
-        .load(Ordering::Relaxed)
-        .min(MAX_PER_SHARD);
-    if shard.len() >= shard.sweep_at.min(max) {
-        sweep(shard, now, &inner.hasher);
-    }
-    if shard.len() >= max {
-        return false;
-    }
-    shard.push(hash, entry, &inner.hasher);
-    true
-}
-
-/// The most keys a shard holds whatever the cap (positions are `u32`).
-const MAX_PER_SHARD: usize = u32::MAX as usize;
-
-/// Drops expired keys (the survivors keep their order) and rebuilds the
-/// index; shrinks both when they are mostly empty.
-fn sweep(shard: &mut ShardMap, now: u64, hasher: &Hasher) {
-    let ShardMap {
-        index,
-        entries,
-        sweep_at,
-    } = shard;
-    entries.retain(|e| e.slot.expires_at > now);
-    *sweep_at = (entries.len() * 2).max(MIN_SWEEP_LEN);
-    // Room for the keys that arrive before the next sweep stays; more than
-    // twice that is given back. (Shrinking to the survivors alone made a
-    // steady churn of keys regrow both at every sweep.)
-    if entries.capacity() > 2 * *sweep_at {
-        entries.shrink_to(*sweep_at);
-        *index = HashTable::with_capacity(*sweep_at);
-    } else {
-        index.clear();
-    }
-    let rehash = |entry: &Entry| key_hash(hasher, entry.key.as_bytes());
-    for (at, entry) in entries.iter().enumerate() {
-        // `at` is below the shard's cap, under 2^32.
-        index.insert_unique(rehash(entry), at as u32, |&at| {
-            rehash(&entries[at as usize])
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
+    use super::shard::{CREDIT_PER_CALL, MIN_SWEEP_LEN};
     use super::*;
     use crate::ManualClock;
     use crate::backend::INLINE_KEY;
@@ -654,6 +595,150 @@ mod tests {
         }
         assert!(shared.len() <= SHARDS, "{} keys held", shared.len());
         assert_eq!(store.len(), shared.len(), "one store");
+    }
+
+    /// A full store still limits the keys it cannot track: they share
+    /// their rule's overflow budget. (They used to be allowed on every
+    /// call, untracked: a flood of new keys made every new caller
+    /// unlimited.)
+    #[test]
+    fn a_full_store_limits_the_keys_it_cannot_track() {
+        let clock = ManualClock::new();
+        let store = MemoryBackend::with_clock(clock.clone()).with_max_keys(SHARDS * 16);
+        let r = rule(3, 60_000);
+        for i in 0..SHARDS * 64 {
+            store.check_now(&r, &format!("flood-{i}"), 1);
+        }
+        assert!(store.len() <= SHARDS * 16, "{} keys held", store.len());
+        let passed = |rule: &Rule, prefix: &str| {
+            (0..1_000)
+                .filter(|i| store.check_now(rule, &format!("{prefix}-{i}"), 1).allowed)
+                .count()
+        };
+        assert_eq!(
+            passed(&r, "fresh"),
+            0,
+            "the flood spent the overflow budget"
+        );
+        assert_eq!(
+            passed(&rule(5, 60_000), "other"),
+            5,
+            "another rule: its own overflow budget, whole"
+        );
+        let peeked = store.peek_now(&r, "never-seen");
+        assert!(
+            !peeked.allowed,
+            "a peek answers what the next check would: {peeked:?}"
+        );
+
+        // Once the flood's budgets recover, new keys are tracked again, each
+        // with its own budget.
+        clock.advance(Duration::from_secs(60));
+        for key in ["late-1", "late-2"] {
+            for _ in 0..3 {
+                assert!(store.check_now(&r, key, 1).allowed, "{key}");
+            }
+            assert!(!store.check_now(&r, key, 1).allowed, "{key}");
+        }
+    }
+
+    /// A lease taken from an overflow budget is given back there.
+    #[test]
+    fn leases_of_a_full_store_are_released() {
+        let store = MemoryBackend::with_clock(ManualClock::new()).with_max_keys(SHARDS);
+        let long = rule(1, 60_000);
+        for i in 0..SHARDS * 32 {
+            store.check_now(&long, &format!("live-{i}"), 1);
+        }
+        let leases = Rule::concurrency(2, Duration::from_secs(60));
+        assert!(store.acquire_now(&leases, "a", 1, 1).allowed);
+        assert!(store.acquire_now(&leases, "b", 1, 2).allowed);
+        assert!(
+            !store.acquire_now(&leases, "c", 1, 3).allowed,
+            "one shared budget"
+        );
+        store.release_now("a", 1);
+        assert!(store.acquire_now(&leases, "c", 1, 4).allowed);
+        store.release_now("b", 2);
+        store.release_now("c", 4);
+        assert!(store.acquire_now(&leases, "d", 1, 5).allowed);
+        assert!(
+            store.acquire_now(&leases, "e", 1, 6).allowed,
+            "both given back"
+        );
+    }
+
+    /// Flooding cannot reset a budget in use: a key that refuses calls
+    /// keeps its state however many new keys arrive, and while others'
+    /// budgets recover and are replaced.
+    #[test]
+    fn a_full_store_never_forgets_a_key_in_use() {
+        let clock = ManualClock::new();
+        let store = MemoryBackend::with_clock(clock.clone()).with_max_keys(SHARDS * 4);
+        let long = rule(1, 3_600_000);
+        assert!(store.check_now(&long, "flooder", 1).allowed);
+        assert!(!store.check_now(&long, "flooder", 1).allowed);
+        let brief = rule(1, 10);
+        for wave in 0..5 {
+            for i in 0..SHARDS * 32 {
+                store.check_now(&brief, &format!("w{wave}-{i}"), 1);
+            }
+            clock.advance(Duration::from_millis(10));
+        }
+        assert!(store.len() <= SHARDS * 4, "{} keys held", store.len());
+        assert!(!store.check_now(&long, "flooder", 1).allowed);
+    }
+
+    /// Keys visited by sweeps so far, over every shard.
+    fn visited(store: &MemoryBackend) -> usize {
+        store.inner.shards.iter().map(|s| s.lock().visited).sum()
+    }
+
+    /// A call at the cap costs a small constant, not a scan of its shard:
+    /// with no key able to expire nothing is swept; with keys expiring all
+    /// the time, sweeps visit at most `CREDIT_PER_CALL` keys per call. (A
+    /// full shard used to be swept at every call of a new key.)
+    #[test]
+    fn calls_at_the_cap_do_not_scan_the_shard() {
+        let per_shard = 64;
+        let clock = ManualClock::new();
+        let store = MemoryBackend::with_clock(clock.clone()).with_max_keys(SHARDS * per_shard);
+        let long = rule(1, 3_600_000);
+        for i in 0..SHARDS * per_shard * 4 {
+            store.check_now(&long, &format!("live-{i}"), 1);
+        }
+        let before = visited(&store);
+        for i in 0..100_000 {
+            store.check_now(&long, &format!("fresh-{i}"), 1);
+        }
+        assert_eq!(
+            visited(&store),
+            before,
+            "no key can expire: nothing to sweep"
+        );
+
+        // Keys that expire one after another, fewer live at once than the
+        // cap: the store is full of keys of which some can always have
+        // expired.
+        let store = MemoryBackend::with_clock(clock.clone()).with_max_keys(SHARDS * per_shard);
+        let brief = rule(1, 100);
+        let calls = 200_000;
+        for i in 0..calls {
+            clock.advance(Duration::from_micros(40));
+            store.check_now(&brief, &format!("churn-{i}"), 1);
+        }
+        assert!(store.len() <= SHARDS * per_shard);
+        let visits = visited(&store);
+        assert!(
+            visits <= CREDIT_PER_CALL * calls + SHARDS * per_shard,
+            "{visits} keys visited by sweeps for {calls} calls"
+        );
+        // Room was made from keys that recovered: most new keys were tracked.
+        let overflowed = store.inner.overflow_calls.load(Ordering::Relaxed);
+        assert!(
+            overflowed < calls / 10,
+            "{overflowed} of {calls} calls overflowed"
+        );
     }
 
     #[test]
