@@ -28,6 +28,53 @@ impl Decision {
     }
 }
 
+/// What one allowed call took from its budget, from
+/// [`Permit::charge`](crate::Permit::charge): its units, and what counted
+/// them, so that [`RateLimiter::refund`](crate::RateLimiter::refund) gives
+/// them back there and nowhere else: to the fixed window they were counted
+/// in, to the sliding window's count that holds them, as the sliding log's
+/// own entry, or into the bucket (token bucket, GCRA) they were taken from.
+/// Once that has gone (a later window, a reset, a bucket full again, the
+/// entry out of the window) a refund gives nothing back.
+///
+/// A refund that failed (a timeout, say) may still have been made: giving
+/// the same charge back again may give its units back twice.
+///
+/// A state is told from the one it replaced by when it began, to the
+/// microsecond: a reset and a new call within the microsecond of the
+/// charged call (in process memory on a clock that stands still, say a
+/// `ManualClock`) leave the new state taken for the charged one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Charge {
+    units: u64,
+    stamp: Option<u64>,
+    /// Counted by the in-process insurance limiter (the backend had failed).
+    pub(crate) local: bool,
+}
+
+impl Charge {
+    pub(crate) fn new(units: u64, stamp: Option<u64>, local: bool) -> Charge {
+        Charge {
+            units,
+            stamp,
+            local,
+        }
+    }
+
+    /// The units taken: what a refund gives back.
+    pub fn units(&self) -> u64 {
+        self.units
+    }
+
+    /// What counted them, in µs of the backend's clock: a fixed window's
+    /// end, a sliding log entry's time, or (a sliding window, a bucket) the
+    /// time of the call. `None` for a custom backend's charge: it is given
+    /// the units alone.
+    pub fn stamp(&self) -> Option<u64> {
+        self.stamp
+    }
+}
+
 /// Why a call was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]

@@ -227,10 +227,11 @@ where
             let fields = rate_limit_headers(options.headers, [held.report()]);
             let mut response = inner.call(req).await?;
             // A concurrency lease is held until the response is produced.
+            let charge = held.permit().charge();
             drop(held);
             layer
                 .inner
-                .settle(&site, limiter, &key, response.status().as_u16())
+                .settle(&site, limiter, &key, charge, response.status().as_u16())
                 .await;
             append(response.headers_mut(), fields);
             Ok(response.map(Either::Left))

@@ -154,9 +154,10 @@ where
             let fields = crate::http::rate_limit_headers(options.headers, [held.report()]);
             let mut response = service.call(req).await?;
             // A concurrency lease is held until the response is produced.
+            let charge = held.permit().charge();
             drop(held);
             config
-                .settle(&site, &limiter, &key, response.status().as_u16())
+                .settle(&site, &limiter, &key, charge, response.status().as_u16())
                 .await;
             append(response.response_mut(), fields);
             Ok(response.map_into_left_body())

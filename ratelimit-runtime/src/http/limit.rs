@@ -171,25 +171,26 @@ impl<K> Limit<K> {
         }
     }
 
-    /// Gives the units of a request under `key` back when its response's
-    /// `status` says so (not for a concurrency rule: its lease is given back
-    /// anyway).
+    /// Gives back what a request under `key` took (`charge`) when its
+    /// response's `status` says so (a concurrency rule's lease is given
+    /// back anyway).
     pub(crate) async fn settle(
         &self,
         site: &Site,
         limiter: &crate::RateLimiter,
         key: &str,
+        charge: Option<crate::Charge>,
         status: u16,
     ) {
-        let Some(refund_if) = &self.refund_if else {
+        let (Some(refund_if), Some(charge)) = (&self.refund_if, charge) else {
             return;
         };
-        if !refund_if(status) || self.rule.algorithm() == crate::Algorithm::Concurrency {
+        if !refund_if(status) {
             return;
         }
         let rule =
             crate::overrides::effective(site.name, &self.rule, false).map_or(self.rule, |(r, _)| r);
-        if let Err(error) = limiter.refund(&rule, key, self.cost).await {
+        if let Err(error) = limiter.refund(&rule, key, charge).await {
             tracing::debug!(%error, key, "could not give back a request's units");
         }
     }

@@ -228,6 +228,12 @@ impl RateLimiterBuilder {
     /// locally until then, without a round trip (off by default). It never
     /// lets through a call Redis would refuse, and never refuses past the
     /// time Redis named. Cuts Redis load during floods.
+    ///
+    /// A refund or reset through this limiter forgets the key's refusal, and
+    /// so does a give-back of what Redis allowed a call whose answer came
+    /// too late. One made through another instance (or in Redis directly)
+    /// is not seen here: until the time Redis named, this instance still
+    /// refuses the key locally.
     #[cfg(feature = "redis")]
     pub fn over_limit_cache(mut self, enabled: bool) -> Self {
         self.over_limit_cache = enabled;
@@ -376,6 +382,18 @@ impl RateLimiterBuilder {
 
     #[cfg(feature = "redis")]
     fn redis_store(&self, redis: RedisBackend, clock: Option<Box<dyn Clock>>) -> Store {
+        let over_limit = self.over_limit_cache.then(|| {
+            std::sync::Arc::new(OverLimitCache::new(
+                self.max_keys
+                    .unwrap_or(crate::backend::memory::DEFAULT_MAX_KEYS),
+            ))
+        });
+        if let Some(cache) = &over_limit {
+            // What a late answer allowed, given back: the key's refusal no
+            // longer holds.
+            let cache = std::sync::Arc::clone(cache);
+            redis.on_give_back(Box::new(move |key| cache.forget_key(key)));
+        }
         Store::Redis {
             redis,
             insurance: self.memory(clock),
@@ -383,12 +401,7 @@ impl RateLimiterBuilder {
                 self.probe_interval.unwrap_or(Duration::from_millis(250)),
                 false,
             ),
-            over_limit: self.over_limit_cache.then(|| {
-                OverLimitCache::new(
-                    self.max_keys
-                        .unwrap_or(crate::backend::memory::DEFAULT_MAX_KEYS),
-                )
-            }),
+            over_limit,
         }
     }
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::Store;
-use crate::{Decision, Error, Rule};
+use crate::{Charge, Decision, Error, Rule};
 
 /// What [`RateLimiter::acquire`](super::RateLimiter::acquire) answers: the decision, and for an allowed
 /// call of a `concurrency` rule, the lease it holds.
@@ -20,6 +20,8 @@ pub struct Permit {
     pub(super) decision: Decision,
     /// Boxed: only concurrency rules have one.
     pub(super) lease: Option<Box<Lease>>,
+    /// What an allowed call of any other rule took.
+    pub(super) charge: Option<Charge>,
     /// Answered by the in-process insurance limiter (the backend failed).
     pub(crate) local: bool,
     /// Not checked at all: the backend failed under the `allow` policy.
@@ -38,6 +40,7 @@ impl Permit {
                 retry_after: std::time::Duration::ZERO,
             },
             lease: None,
+            charge: None,
             local: false,
             unchecked: true,
         }
@@ -46,6 +49,14 @@ impl Permit {
     /// The decision.
     pub fn decision(&self) -> &Decision {
         &self.decision
+    }
+
+    /// What the call took from its budget, for
+    /// [`RateLimiter::refund`](super::RateLimiter::refund): `None` when it
+    /// took nothing (refused, or let through unchecked) or holds a lease (a
+    /// concurrency rule: drop or release the permit instead).
+    pub fn charge(&self) -> Option<Charge> {
+        self.charge
     }
 
     /// Releases the lease now (if any) and waits until it is released.

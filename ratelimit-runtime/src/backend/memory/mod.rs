@@ -9,7 +9,7 @@ use std::sync::{Arc, MutexGuard};
 use super::{Backend, StoredKey};
 use crate::algorithm::{self, State};
 use crate::clock::{Clock, SystemClock};
-use crate::{Algorithm, Decision, Error, Rule};
+use crate::{Algorithm, Charge, Decision, Error, Rule};
 use shard::{Entry, Hasher, MAX_PER_SHARD, Overflow, Shard, ShardMap, Slot, key_hash};
 
 /// How many independently locked shards the keys are spread over, so tasks on
@@ -202,16 +202,29 @@ impl MemoryBackend {
     /// this). A concurrency rule takes a lease that is never released (it
     /// expires after the rule's period): use the limiter's `acquire` for those.
     pub fn check_now(&self, rule: &Rule, key: &str, cost: u64) -> Decision {
-        self.update(rule, key, |slot, now| {
+        self.charge_now(rule, key, cost).0
+    }
+
+    /// [`check_now`](MemoryBackend::check_now), with what an allowed call
+    /// took: the [`Charge`] that [`refund_now`](MemoryBackend::refund_now)
+    /// gives back.
+    pub fn charge_now(&self, rule: &Rule, key: &str, cost: u64) -> (Decision, Option<Charge>) {
+        let (outcome, now) = self.update(rule, key, |slot, now| {
             algorithm::check(slot, rule, now, cost)
-        })
+        });
+        let charge = outcome.allowed.then(|| {
+            let stamp = algorithm::stamp(rule.algorithm(), rule.period_us(), now, &outcome);
+            Charge::new(cost, Some(stamp), false)
+        });
+        (outcome.decision(rule), charge)
     }
 
     /// Takes `cost` units of a concurrency rule for lease `id`.
     pub(crate) fn acquire_now(&self, rule: &Rule, key: &str, cost: u64, id: u64) -> Decision {
-        self.update(rule, key, |slot, now| {
+        let (outcome, _) = self.update(rule, key, |slot, now| {
             algorithm::acquire(slot, rule, now, cost, id)
-        })
+        });
+        outcome.decision(rule)
     }
 
     /// Gives back lease `id` of a concurrency rule.
@@ -232,21 +245,24 @@ impl MemoryBackend {
         self.look(rule, key, true, |_, _| ())
     }
 
-    /// Gives back `units` of `key`'s budget (see [`Backend::refund`]), then
-    /// answers as [`peek_now`](MemoryBackend::peek_now). A key a full store
-    /// does not track was charged to its rule's overflow budget: that
-    /// budget gets them back.
+    /// Gives back what `charge` took from `key`'s budget, where it is still
+    /// counted (see [`Backend::refund`]), then answers as
+    /// [`peek_now`](MemoryBackend::peek_now). A key a full store does not
+    /// track was charged to its rule's overflow budget: that budget gets
+    /// them back.
     ///
     /// # Errors
     ///
     /// [`Error::Unsupported`] for a `concurrency` rule (a lease is given
     /// back by its permit).
-    pub fn refund_now(&self, rule: &Rule, key: &str, units: u64) -> Result<Decision, Error> {
+    pub fn refund_now(&self, rule: &Rule, key: &str, charge: &Charge) -> Result<Decision, Error> {
         if algorithm::spec(rule.algorithm()).refund.is_none() {
             return Err(Error::Unsupported("refunds under a concurrency rule"));
         }
         Ok(self.look(rule, key, true, |slot, now| {
-            algorithm::refund(slot, rule, now, units);
+            if let Some(stamp) = charge.stamp() {
+                algorithm::refund(slot, rule, now, charge.units(), stamp);
+            }
         }))
     }
 
@@ -300,17 +316,18 @@ impl MemoryBackend {
         outcome.decision(rule)
     }
 
+    /// Runs `step` on the key's state: its outcome, and the time it ran at.
     fn update(
         &self,
         rule: &Rule,
         key: &str,
         step: impl FnOnce(&mut Option<State>, u64) -> algorithm::Outcome,
-    ) -> Decision {
+    ) -> (algorithm::Outcome, u64) {
         let now = self.inner.clock.now_micros();
         let hash = key_hash(&self.inner.hasher, key.as_bytes());
         let mut shard = self.shard(hash);
         if let Some(entry) = shard.find_mut(hash, key) {
-            return entry.slot.step(rule, now, step).decision(rule);
+            return (entry.slot.step(rule, now, step), now);
         }
         let outcome = match () {
             () if shard.room(self.inner.max_per_shard(), now, &self.inner.hasher) => {
@@ -338,7 +355,7 @@ impl MemoryBackend {
                     .with(rule, now, |slot| slot.step(rule, now, step))
             }
         };
-        outcome.decision(rule)
+        (outcome, now)
     }
 
     /// How many keys the store holds, expired ones not yet reclaimed included.
@@ -391,8 +408,8 @@ impl Backend for MemoryBackend {
         Ok(self.peek_now(rule, key))
     }
 
-    async fn refund(&self, rule: &Rule, key: &str, units: u64) -> Result<Decision, Error> {
-        self.refund_now(rule, key, units)
+    async fn refund(&self, rule: &Rule, key: &str, charge: Charge) -> Result<Decision, Error> {
+        self.refund_now(rule, key, &charge)
     }
 
     async fn reset(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
