@@ -258,7 +258,10 @@ impl RateLimiterBuilder {
     /// process (nothing else reads its keys); a limiter on Redis (or a
     /// backend of your own) fails to [`build`](Self::build) when the program
     /// has a `by = header(..)` rule, unless
-    /// [`public_key_secret`](Self::public_key_secret) says otherwise.
+    /// [`public_key_secret`](Self::public_key_secret) says otherwise; a
+    /// middleware's `by_header` or digested client addresses on it refuse
+    /// their requests (`500`, [`Cause::Misconfigured`](crate::Cause::Misconfigured))
+    /// rather than count them per instance.
     pub fn key_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
         self.key_secret = Some(KeySecret::Given(Arc::from(secret.as_ref())));
         self
