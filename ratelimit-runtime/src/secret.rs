@@ -108,11 +108,17 @@ pub(crate) fn process_secret() -> &'static [u8] {
 }
 
 /// `url` with its password (and any `password=`/`pass=` parameter) replaced
-/// by `***`, for errors and `Debug`: `redis://user:***@host:6379/`. Works on
-/// malformed URLs too (everything before the last `@` but a user name is
-/// taken for credentials).
+/// by `***`, to print: `redis://user:***@host:6379/`. Works on malformed
+/// URLs too (everything before the last `@` but a user name is taken for
+/// credentials). The crate's errors and `Debug` print URLs so.
+///
+/// ```
+/// use ratelimit_runtime::backend::redis::redact_url;
+///
+/// assert_eq!(redact_url("redis://app:hunter2@db:6379/0"), "redis://app:***@db:6379/0");
+/// ```
 #[cfg(feature = "redis")]
-pub(crate) fn redact_url(url: &str) -> String {
+pub fn redact_url(url: &str) -> String {
     let (scheme, rest) = match url.find("://") {
         Some(at) => url.split_at(at + 3),
         None => ("", url),

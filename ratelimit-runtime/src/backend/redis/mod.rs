@@ -23,7 +23,8 @@ use tokio::time::Instant;
 
 use super::Backend;
 use crate::algorithm::{Outcome, spec};
-use crate::secret::{redact_url, redact_urls};
+pub use crate::secret::redact_url;
+use crate::secret::redact_urls;
 use crate::{Decision, Error, Rule};
 use batch::{Answer, Batching, Job, answered, send_batch};
 use codec::{Call, Clock, Op};
