@@ -239,8 +239,9 @@ impl RateLimiterBuilder {
     /// [`MemoryBackend::with_max_keys`] for what happens when it is reached
     /// (calls stay limited). Default: 1,000,000
     /// ([`DEFAULT_MAX_KEYS`](crate::backend::memory::DEFAULT_MAX_KEYS)),
-    /// 76 to 155 MB by the keys' length; `usize::MAX` for no cap (expired
-    /// keys are still reclaimed).
+    /// 76 to 154 MB by the keys' length (as measured by
+    /// `tests/memory_bound.rs`); `usize::MAX` for no cap (expired keys are
+    /// still reclaimed).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
         self

@@ -18,7 +18,7 @@ use shard::{Entry, Hasher, MAX_PER_SHARD, Overflow, Shard, ShardMap, Slot, key_h
 const SHARDS: usize = 64;
 
 /// The most keys a store tracks unless told otherwise
-/// ([`MemoryBackend::with_max_keys`]): about 76 to 155 MB of keys, by their
+/// ([`MemoryBackend::with_max_keys`]): about 76 to 154 MB of keys, by their
 /// length (see the README).
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
