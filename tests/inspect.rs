@@ -221,3 +221,18 @@ fn an_unknown_rule_is_an_error_that_lists_the_rules() {
             .contains("usage: cargo run --example inspect -- RULE [SUBJECT]")
     );
 }
+
+#[test]
+fn it_prints_where_budgets_are_without_the_password() {
+    let server = ratelimit_test_support::acl_server();
+    let url = format!("redis://limiter:s3cret@127.0.0.1:{}/", server.port());
+    let report = stdout(&run(Some(&url), &["ip_limit_test", "ip:127.0.0.1"]));
+    assert!(
+        report.starts_with(&format!(
+            "budgets kept in Redis at redis://limiter:***@127.0.0.1:{}/",
+            server.port()
+        )),
+        "{report}"
+    );
+    assert!(!report.contains("s3cret"), "{report}");
+}

@@ -87,6 +87,11 @@ pub enum Cause {
     /// A per-client rule could not tell who the client is (no usable
     /// address) and the limiter is set to refuse such requests.
     UnknownClient,
+    /// The call's key needs what the limiter was not given: a key secret
+    /// for the digests in keys of a store other instances share (see
+    /// [`RateLimiterBuilder::key_secret`](crate::RateLimiterBuilder::key_secret)).
+    /// The server is at fault, not the client (HTTP answers 500).
+    Misconfigured,
 }
 
 /// The error of a call that was rate limited: what was exceeded, and when to
@@ -155,6 +160,15 @@ impl RateLimited {
         }
     }
 
+    /// A refusal because the limiter lacks what the call's key needs (a key
+    /// secret for a shared store): [`Cause::Misconfigured`].
+    pub fn misconfigured(limit: u64) -> RateLimited {
+        RateLimited {
+            cause: Cause::Misconfigured,
+            ..RateLimited::backend_unavailable(limit)
+        }
+    }
+
     /// A refusal because the backend failed under the `deny` policy. Retry
     /// after a second: the limiter, not the client, has to recover.
     pub fn backend_unavailable(limit: u64) -> RateLimited {
@@ -191,6 +205,11 @@ impl fmt::Display for RateLimited {
             }
             Cause::UnknownClient => {
                 return f.write_str("cannot tell who the client is; call refused");
+            }
+            Cause::Misconfigured => {
+                return f.write_str(
+                    "rate limiter misconfigured (no key secret for a shared store); call refused",
+                );
             }
             Cause::OverLimit => {}
         }

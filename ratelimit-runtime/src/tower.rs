@@ -123,7 +123,13 @@ impl RateLimitLayer {
 impl<S> Layer<S> for RateLimitLayer {
     type Service = RateLimitService<S>;
 
+    /// Logs an error when the layer's keys need a key secret its limiter
+    /// (else the installed global one) lacks: its requests are refused
+    /// with 500 until the limiter has one.
     fn layer(&self, inner: S) -> RateLimitService<S> {
+        let _ = self
+            .inner
+            .check_secret(self.limiter.as_ref(), self.options.as_deref());
         RateLimitService {
             inner,
             sites: Arc::new(Sites::new(&self.inner)),

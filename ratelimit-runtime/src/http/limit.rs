@@ -147,7 +147,8 @@ pub(crate) enum Verdict<'a> {
     /// Check it under this key (a global budget's is the middleware's own:
     /// no copy of it).
     Check(Cow<'a, str>),
-    /// Refuse it: its client is unknown.
+    /// Refuse it: its client is unknown, or its key needs a key secret the
+    /// limiter lacks.
     Refuse(RateLimited),
 }
 
@@ -243,7 +244,15 @@ impl<K> Limit<K> {
                 if ip.is_some_and(|ip| self.exempt_ips.contains(&ip)) {
                     return Verdict::Pass;
                 }
-                match options.ip_subject(limiter.key_secret(), ip) {
+                let secret = match limiter.key_secret() {
+                    Ok(secret) => secret,
+                    Err(error) if options.digest_ips => {
+                        return Verdict::Refuse(site.misconfigured(&error));
+                    }
+                    // Not read: addresses are kept as they are.
+                    Err(_) => &[],
+                };
+                match options.ip_subject(secret, ip) {
                     Ok(subject) => subject,
                     Err(()) => return Verdict::Refuse(site.unknown_client()),
                 }
@@ -253,7 +262,10 @@ impl<K> Limit<K> {
                 if value.is_some_and(|v| self.exempt_key(v)) {
                     return Verdict::Pass;
                 }
-                options.header_subject(limiter.key_secret(), name, value)
+                match limiter.key_secret() {
+                    Ok(secret) => options.header_subject(secret, name, value),
+                    Err(error) => return Verdict::Refuse(site.misconfigured(&error)),
+                }
             }
             By::Key(closure) => {
                 let Some(k) = key(closure) else {
@@ -268,6 +280,35 @@ impl<K> Limit<K> {
             }
         };
         Verdict::Check(Cow::Owned([self.key.as_str(), &subject].concat()))
+    }
+
+    /// When a middleware is set up: `Err` (and the error logged) if its keys
+    /// need a key secret that `limiter` (else the installed global one)
+    /// lacks, with `options` if known (else only `by_header` tells). Its
+    /// requests would be refused; better said at start-up.
+    pub(crate) fn check_secret(
+        &self,
+        limiter: Option<&crate::RateLimiter>,
+        options: Option<&HttpOptions>,
+    ) -> Result<(), crate::Error> {
+        let needs = match &self.by {
+            By::Header(_) => true,
+            By::Ip => options.is_some_and(|options| options.digest_ips),
+            By::Global | By::Key(_) => false,
+        };
+        let Some(limiter) = limiter.or(crate::RateLimiter::installed()) else {
+            return Ok(());
+        };
+        if !needs || !limiter.lacks_key_secret() {
+            return Ok(());
+        }
+        let error = crate::Error::Config(format!(
+            "the rate limit `{}`: {}",
+            self.name,
+            crate::secret::MISSING
+        ));
+        crate::secret::log_missing(&error, self.name);
+        Err(error)
     }
 
     /// Names the rule `name`: the key is `limiter:<name>` plus the subject.

@@ -245,8 +245,9 @@ impl RateLimiterBuilder {
     /// [`MemoryBackend::with_max_keys`] for what happens when it is reached
     /// (calls stay limited). Default: 1,000,000
     /// ([`DEFAULT_MAX_KEYS`](crate::backend::memory::DEFAULT_MAX_KEYS)),
-    /// 76 to 155 MB by the keys' length; `usize::MAX` for no cap (expired
-    /// keys are still reclaimed).
+    /// 76 to 154 MB by the keys' length (as measured by
+    /// `tests/memory_bound.rs`); `usize::MAX` for no cap (expired keys are
+    /// still reclaimed).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
         self
@@ -264,7 +265,10 @@ impl RateLimiterBuilder {
     /// process (nothing else reads its keys); a limiter on Redis (or a
     /// backend of your own) fails to [`build`](Self::build) when the program
     /// has a `by = header(..)` rule, unless
-    /// [`public_key_secret`](Self::public_key_secret) says otherwise.
+    /// [`public_key_secret`](Self::public_key_secret) says otherwise; a
+    /// middleware's `by_header` or digested client addresses on it refuse
+    /// their requests (`500`, [`Cause::Misconfigured`](crate::Cause::Misconfigured))
+    /// rather than count them per instance.
     pub fn key_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
         self.key_secret = Some(KeySecret::Given(Arc::from(secret.as_ref())));
         self

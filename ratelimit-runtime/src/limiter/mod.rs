@@ -158,10 +158,19 @@ impl RateLimiter {
     }
 
     /// The secret of the keyed digests that stand for header values (and
-    /// client addresses, if the options say so) in this limiter's keys.
+    /// client addresses, if the options say so) in this limiter's keys;
+    /// [`Error::Config`] when its store is shared and none was chosen (see
+    /// [`RateLimiterBuilder::key_secret`]).
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) fn key_secret(&self) -> &[u8] {
+    pub(crate) fn key_secret(&self) -> Result<&[u8], Error> {
         self.secret.bytes()
+    }
+
+    /// Whether this limiter's store is shared and it has no key secret, so
+    /// requests whose keys need a digest are refused.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn lacks_key_secret(&self) -> bool {
+        self.secret.is_missing()
     }
 
     /// Whether every rule on this limiter is in shadow mode (checked and

@@ -9,6 +9,7 @@ use std::sync::{Arc, MutexGuard};
 use super::{Backend, StoredKey};
 use crate::algorithm::{self, State};
 use crate::clock::{Clock, SystemClock};
+use crate::site::LogGate;
 use crate::{Algorithm, Charge, Decision, Error, Rule};
 use shard::{Entry, Hasher, MAX_PER_SHARD, Overflow, Shard, ShardMap, Slot, key_hash};
 
@@ -17,7 +18,7 @@ use shard::{Entry, Hasher, MAX_PER_SHARD, Overflow, Shard, ShardMap, Slot, key_h
 const SHARDS: usize = 64;
 
 /// The most keys a store tracks unless told otherwise
-/// ([`MemoryBackend::with_max_keys`]): about 76 to 155 MB of keys, by their
+/// ([`MemoryBackend::with_max_keys`]): about 76 to 154 MB of keys, by their
 /// length (see the README).
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
@@ -65,8 +66,11 @@ struct Inner {
     max_per_shard: AtomicUsize,
     /// The budgets of calls of keys a full shard could not track.
     overflow: Overflow,
-    /// Set once a call was charged to the overflow (logged once).
+    /// Set once a call was charged to the overflow.
     overflowed: AtomicBool,
+    /// How often overflows are logged: at most one line per 10 s of the
+    /// store's clock, so a flood days after the first is said again.
+    overflow_log: LogGate,
     #[cfg(feature = "metrics")]
     overflow_counter: std::sync::OnceLock<::metrics::Counter>,
     /// Calls charged to the overflow (tests count them).
@@ -85,22 +89,26 @@ impl Inner {
             .min(MAX_PER_SHARD)
     }
 
-    /// Counts a call charged to the overflow, and says so the first time.
-    fn note_overflow(&self) {
+    /// Counts a call charged to the overflow at `now` (µs of the store's
+    /// clock), and says so now and then.
+    fn note_overflow(&self, now: u64) {
         #[cfg(test)]
         self.overflow_calls.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         self.overflow_counter
             .get_or_init(|| ::metrics::counter!("ratelimit_memory_overflow_total"))
             .increment(1);
-        if !self.overflowed.load(Ordering::Relaxed)
-            && !self.overflowed.swap(true, Ordering::Relaxed)
-        {
+        if !self.overflowed.load(Ordering::Relaxed) {
+            self.overflowed.store(true, Ordering::Relaxed);
+        }
+        if let Some(unlogged) = self.overflow_log.admit(now / 1_000) {
             tracing::warn!(
                 max_keys = self.max_per_shard().saturating_mul(SHARDS),
+                unlogged,
                 "the in-memory rate limiter is full of keys whose budgets are in use; until \
                  some recover, calls of keys it cannot track share one budget per rule \
-                 (logged once; counted in ratelimit_memory_overflow_total). Raise \
+                 (at most one line per 10 s, `unlogged`: those since the last line; all \
+                 counted in ratelimit_memory_overflow_total). Raise \
                  RateLimiterBuilder::max_keys if this is not a flood"
             );
         }
@@ -148,6 +156,7 @@ impl MemoryBackend {
                 max_per_shard: AtomicUsize::new(usize::MAX),
                 overflow: Overflow::default(),
                 overflowed: AtomicBool::new(false),
+                overflow_log: LogGate::new(),
                 #[cfg(feature = "metrics")]
                 overflow_counter: std::sync::OnceLock::new(),
                 #[cfg(test)]
@@ -170,7 +179,7 @@ impl MemoryBackend {
     /// - a key it cannot store is charged to an overflow budget of its rule,
     ///   one per rule (by its numbers), shared by every key it could not
     ///   store: under a flood of new keys those share one budget until keys
-    ///   recover. Logged once (`warn`), counted in the metric
+    ///   recover. Logged (`warn`) at most once per 10 s, counted in the metric
     ///   `ratelimit_memory_overflow_total` (feature `metrics`).
     ///
     /// A call at the cap costs a small constant more than one of a tracked
@@ -349,7 +358,7 @@ impl MemoryBackend {
             }
             () => {
                 drop(shard);
-                self.inner.note_overflow();
+                self.inner.note_overflow(now);
                 self.inner
                     .overflow
                     .with(rule, now, |slot| slot.step(rule, now, step))

@@ -24,7 +24,8 @@ use tokio::time::Instant;
 
 use super::Backend;
 use crate::algorithm::{self, spec};
-use crate::secret::{redact_url, redact_urls};
+pub use crate::secret::redact_url;
+use crate::secret::redact_urls;
 use crate::{Charge, Decision, Error, Rule};
 use batch::{Answer, Batching, Job, Ran, answered, send_batch};
 use codec::{Call, Clock, Op};
