@@ -101,9 +101,10 @@ pub(crate) fn http_options() -> io::Result<HttpOptions> {
 
 /// `builder` with the key secret `RATELIMIT_KEY_SECRET`, if set: the secret
 /// of the digests that stand for header values (API keys) in keys. Keep it
-/// in your secret store, the same on every instance. With Redis and a rule
-/// keyed by a header, `build` fails without it; in memory a random one
-/// serves.
+/// in your secret store, the same on every instance. With Redis and no
+/// secret, `build` fails when an attribute is keyed by a header, and a
+/// middleware keyed by a header (or digesting client addresses) answers 500;
+/// in memory a random one serves.
 pub(crate) fn with_key_secret(builder: RateLimiterBuilder) -> RateLimiterBuilder {
     match std::env::var("RATELIMIT_KEY_SECRET") {
         Ok(secret) => builder.key_secret(secret),
