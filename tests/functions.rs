@@ -309,7 +309,8 @@ fn cluster_fcalls(cluster: &RedisCluster) -> u64 {
 
 /// On a cluster, an ACL that revokes `FCALL` while 16 tasks check keys of
 /// every master, alone and in per-master batches, then restores it: every
-/// check answered, each counted once, and the library used again.
+/// check answered, each counted once, the library used again, and checks
+/// coalesced per master again (fewer `FCALL`s than checks).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fcall_revoked_on_a_cluster_fails_no_batch() {
     let cluster = RedisCluster::start();
@@ -375,6 +376,33 @@ async fn fcall_revoked_on_a_cluster_fails_no_batch() {
             }
         }
     })
+    .await;
+    // Checks are coalesced per master again: some round of 30 checks at
+    // once goes in fewer calls than checks (each alone, as many).
+    first_ok(
+        "no batch of several checks",
+        Duration::from_millis(50),
+        || {
+            let before = cluster_fcalls(cluster);
+            let mut checks = tokio::task::JoinSet::new();
+            for key in keys.iter() {
+                let (batched, key) = (batched.clone(), key.clone());
+                checks.spawn(async move { batched.check(&rule, &key, 1).await });
+            }
+            let keys = keys.len() as u64;
+            async move {
+                for decision in checks.join_all().await {
+                    assert!(decision.expect("every check answered").allowed);
+                }
+                let calls = cluster_fcalls(cluster) - before;
+                if calls < keys {
+                    Ok(())
+                } else {
+                    Err(format!("{calls} FCALLs for {keys} checks"))
+                }
+            }
+        },
+    )
     .await;
 }
 
