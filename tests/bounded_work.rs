@@ -8,7 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::{EPOCH_US, redis_backend};
-use ratelimit_runtime::Rule;
+use ratelimit_runtime::backend::memory::MemoryBackend;
+use ratelimit_runtime::{ManualClock, Rule};
 use ratelimit_test_support::RedisServer;
 
 const PILED: u64 = 200_000;
@@ -134,6 +135,43 @@ async fn a_sliding_log_refund_does_a_bounded_step() {
         "nothing given back"
     );
     assert!(spent < 20_000, "one refund took {spent} µs of the server");
+}
+
+/// The limit `Backend::refund` documents: a sliding log's refund rewrites
+/// the call's entry and every call logged after it, at most 1,024 of them.
+/// With 1,023 calls after it, the call is given back; with 1,024, nothing
+/// is, and it stays counted. Memory and Redis alike.
+#[tokio::test]
+async fn a_sliding_log_refund_rewrites_at_most_1024_calls_alike() {
+    let server = RedisServer::start();
+    let redis = redis_backend(&server).await;
+    let rule = Rule::sliding_log(10_000, Duration::from_secs(60));
+    for (after, given_back) in [(1_023, true), (1_024, false)] {
+        let key = format!("limiter:walk:{after}");
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_micros(EPOCH_US));
+        let memory = MemoryBackend::with_clock(clock.clone());
+        let at = Duration::from_micros(EPOCH_US);
+        let (_, in_memory) = memory.charge_now(&rule, &key, 1);
+        let (_, in_redis) = redis.charge_at(&rule, &key, 1, at).await.unwrap();
+        for i in 1..=after {
+            clock.advance(Duration::from_micros(1));
+            assert!(memory.check_now(&rule, &key, 1).allowed);
+            let now = at + Duration::from_micros(i);
+            assert!(redis.check_at(&rule, &key, 1, now).await.unwrap().allowed);
+        }
+        clock.advance(Duration::from_micros(1));
+        let then = at + Duration::from_micros(after + 1);
+        let memory = memory.refund_now(&rule, &key, &in_memory.unwrap()).unwrap();
+        let redis = redis
+            .refund_at(&rule, &key, &in_redis.unwrap(), then)
+            .await
+            .unwrap();
+        // What a check would leave (a refund answers as a peek does).
+        let left = 10_000 - (1 + after - u64::from(given_back)) - 1;
+        assert_eq!(memory.remaining, left, "{after} after, memory");
+        assert_eq!(redis.remaining, left, "{after} after, Redis");
+    }
 }
 
 /// A sliding log keeps one entry per call in its window, whatever its cost:

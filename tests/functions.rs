@@ -237,11 +237,22 @@ async fn a_cluster_master_that_lost_its_library_fails_no_batch() {
     .await;
 }
 
+/// Waits until `manager` (the limiter's connection) answers `PING`: it has
+/// connected again after a restart, and no check is spent on that.
+async fn reconnected(manager: &redis::aio::ConnectionManager) {
+    first_ok("no PONG", Duration::from_millis(50), || {
+        let mut manager = manager.clone();
+        async move { redis::cmd("PING").query_async::<String>(&mut manager).await }
+    })
+    .await;
+}
+
 /// A server restarted without `FCALL` (an older or proxied Redis, renamed
-/// here): the first `FCALL` meets "unknown command" (quoting the call's
-/// bytes, which the client cannot read: that call fails), and the checks
-/// after it go by `EVALSHA`, none failing; restarted with it, the library
-/// is loaded and used again. Before, every check failed.
+/// here) while the limiter is connected: the first `FCALL` meets "unknown
+/// command" quoting the call's bytes, which the client cannot read; a call
+/// of text then shows `FCALL` refused, so that check goes again by
+/// `EVALSHA`. No check fails, each is counted once, and restarted with it,
+/// the library is loaded and used again. Before, the first check failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_without_fcall_is_served_by_scripts() {
     let mut server = RedisServer::start();
@@ -249,27 +260,28 @@ async fn a_server_without_fcall_is_served_by_scripts() {
         timeout: Duration::from_secs(2),
         ..ConnectOptions::default()
     };
-    let redis = RedisBackend::open(&server.url(), options).await.unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let manager = client.get_connection_manager().await.unwrap();
+    let redis = RedisBackend::from_connection_manager(manager.clone(), options)
+        .await
+        .unwrap();
     let rule = Rule::fixed_window(1_000, Duration::from_secs(60));
     let key = "limiter:fn:renamed";
+    let mut admin = server.connection();
+    let before = calls_of(&mut admin, "fcall");
     assert!(redis.check(&rule, key, 1).await.unwrap().allowed);
+    assert_eq!(calls_of(&mut admin, "fcall"), before + 1, "by FCALL");
     server.restart_with_args(&["--rename-command", "FCALL", ""]);
-    // The connection is made again, and FCALL found missing.
-    first_ok("no answer", Duration::from_millis(50), || {
-        redis.check(&rule, "limiter:fn:reconnect", 1)
-    })
-    .await;
+    reconnected(&manager).await;
     let mut admin = server.connection();
     for left in (990..=999).rev() {
         let decision = redis.check(&rule, key, 1).await.expect("answered");
         assert_eq!(decision.remaining, left);
     }
-    assert!(calls_of(&mut admin, "evalsha") >= 10);
+    assert_eq!(counted(&mut admin, key), 10);
+    assert!(calls_of(&mut admin, "evalsha") >= 10, "by EVALSHA");
     server.restart();
-    first_ok("no answer", Duration::from_millis(50), || {
-        redis.check(&rule, "limiter:fn:reconnect", 1)
-    })
-    .await;
+    reconnected(&manager).await;
     let mut admin = server.connection();
     back_to_fcall(&redis, &mut admin, &rule).await;
 }
@@ -297,7 +309,8 @@ fn cluster_fcalls(cluster: &RedisCluster) -> u64 {
 
 /// On a cluster, an ACL that revokes `FCALL` while 16 tasks check keys of
 /// every master, alone and in per-master batches, then restores it: every
-/// check answered, each counted once, and the library used again.
+/// check answered, each counted once, the library used again, and checks
+/// coalesced per master again (fewer `FCALL`s than checks).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fcall_revoked_on_a_cluster_fails_no_batch() {
     let cluster = RedisCluster::start();
@@ -363,6 +376,33 @@ async fn fcall_revoked_on_a_cluster_fails_no_batch() {
             }
         }
     })
+    .await;
+    // Checks are coalesced per master again: some round of 30 checks at
+    // once goes in fewer calls than checks (each alone, as many).
+    first_ok(
+        "no batch of several checks",
+        Duration::from_millis(50),
+        || {
+            let before = cluster_fcalls(cluster);
+            let mut checks = tokio::task::JoinSet::new();
+            for key in keys.iter() {
+                let (batched, key) = (batched.clone(), key.clone());
+                checks.spawn(async move { batched.check(&rule, &key, 1).await });
+            }
+            let keys = keys.len() as u64;
+            async move {
+                for decision in checks.join_all().await {
+                    assert!(decision.expect("every check answered").allowed);
+                }
+                let calls = cluster_fcalls(cluster) - before;
+                if calls < keys {
+                    Ok(())
+                } else {
+                    Err(format!("{calls} FCALLs for {keys} checks"))
+                }
+            }
+        },
+    )
     .await;
 }
 

@@ -475,3 +475,36 @@ async fn another_instances_reset_waits_for_the_time_redis_named() {
     tokio::time::sleep_until((until + Duration::from_millis(50)).into()).await;
     assert!(cached.check(&rule, key).await.unwrap().allowed);
 }
+
+/// The same for a refund made through another instance: Redis has the
+/// units back (the other instance is allowed), but this instance's
+/// over-limit cache does not know, so the key stays refused here until the
+/// time Redis named, and no longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_instances_refund_waits_for_the_time_redis_named() {
+    let server = RedisServer::start();
+    let cached = RateLimiter::builder()
+        .redis(server.url())
+        .over_limit_cache(true)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let other = direct(&server).await;
+    let rule = Rule::fixed_window(1, Duration::from_secs(2));
+    let key = "limiter:cache:refunded-elsewhere";
+    let permit = cached.acquire(&rule, key, 1).await.unwrap();
+    assert!(permit.decision().allowed);
+    let charge = permit.charge().expect("an allowed call");
+    let refused = cached.check(&rule, key).await.unwrap();
+    assert!(!refused.allowed);
+    let until = Instant::now() + refused.retry_after;
+    let refunded = other.refund(&rule, key, charge).await.unwrap();
+    assert!(refunded.allowed, "given back in Redis: {refunded:?}");
+    assert!(
+        !cached.check(&rule, key).await.unwrap().allowed,
+        "refused here"
+    );
+    tokio::time::sleep_until((until + Duration::from_millis(50)).into()).await;
+    assert!(cached.check(&rule, key).await.unwrap().allowed);
+}

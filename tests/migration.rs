@@ -144,6 +144,17 @@ async fn a_slot_moved_under_load_loses_nothing() {
     }
 }
 
+/// The `FCALL`s the node ran so far.
+fn fcalls(connection: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(connection)
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_fcall:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
 /// A cluster master's batch holding a key it cannot write: a sliding log's
 /// key held someone else's string, which the check replaces (deleting it,
 /// then writing the log), in a slot migrating away. The write is refused
@@ -151,7 +162,11 @@ async fn a_slot_moved_under_load_loses_nothing() {
 /// `ASK`), and the batch's other checks stand, answered and counted once.
 /// Before, the batch failed as a whole: its other checks were counted in
 /// Redis and every caller was told it failed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+///
+/// On one thread, the nine checks are all queued before the batch task
+/// runs: they go in one call, which the master's `FCALL` count shows (the
+/// log check sent alone meets `ASK` there, which runs nothing).
+#[tokio::test]
 async fn a_write_refused_in_a_batch_fails_that_check_alone() {
     let cluster = RedisCluster::start();
     let redis = cluster_backend(&cluster).await.batch_every_check();
@@ -169,18 +184,30 @@ async fn a_write_refused_in_a_batch_fails_that_check_alone() {
         .arg("someone else's")
         .query(&mut cluster.connection(from))
         .unwrap();
-    let migration = cluster.begin_migration(key, another(&cluster, from));
+    let to = another(&cluster, from);
+    let migration = cluster.begin_migration(key, to);
+    let mut admin = cluster.connection(from);
+    let before = fcalls(&mut admin);
+    let logged = {
+        let redis = redis.clone();
+        tokio::spawn(async move { redis.check(&log, key, 1).await })
+    };
     let mut tasks = tokio::task::JoinSet::new();
     for other in others.clone() {
         let redis = redis.clone();
         tasks.spawn(async move { redis.check(&window, &other, 1).await });
     }
-    let checked = redis.check(&log, key, 1).await.expect("answered");
-    assert!(checked.allowed && checked.remaining == 9, "{checked:?}");
     for decision in tasks.join_all().await {
         let decision = decision.expect("every check answered");
         assert!(decision.allowed && decision.remaining == 9, "{decision:?}");
     }
+    let checked = logged.await.unwrap().expect("answered");
+    assert!(checked.allowed && checked.remaining == 9, "{checked:?}");
+    assert_eq!(
+        fcalls(&mut admin) - before,
+        1,
+        "the nine checks in one call on their master"
+    );
     cluster.finish_migration(&migration);
     for other in &others {
         let next = redis.peek(&window, other).await.unwrap();

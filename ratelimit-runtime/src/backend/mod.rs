@@ -76,7 +76,11 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     ///   it is the current one;
     /// - sliding window: units of the window's count that holds them (the
     ///   current or the previous window's);
-    /// - sliding log: the charge's own entry, while it is in the window;
+    /// - sliding log: the charge's own entry, while it is in the window,
+    ///   and while the calls the refund rewrites (its own entries and
+    ///   every call logged after them: each is counted through fewer units)
+    ///   number at most 1,024; past that, nothing (the work a refund does
+    ///   is bounded), and the call stays counted until it leaves the window;
     /// - token bucket: tokens, up to the burst, into the bucket they were
     ///   taken from (not one begun since: full again, or reset);
     /// - GCRA: the theoretical arrival time moves back `charge.units()`

@@ -293,8 +293,10 @@ impl RateLimiter {
     /// back only where the charge is still counted: the same fixed window,
     /// the sliding window's count that holds it, the sliding log's own
     /// entry, the bucket it was taken from; after a reset, in a later
-    /// window, or once a bucket was full again, it gives nothing. What it
-    /// means per algorithm is on [`Backend::refund`].
+    /// window, or once a bucket was full again, it gives nothing; nor does a
+    /// sliding log's refund with more than 1,024 calls to rewrite (its own
+    /// and the ones logged after it). What it means per algorithm is on
+    /// [`Backend::refund`].
     ///
     /// ```
     /// use std::time::Duration;

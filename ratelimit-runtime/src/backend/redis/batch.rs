@@ -382,7 +382,9 @@ pub(super) async fn send_batch(
             let route = spread.then(|| wire[0].0.as_bytes());
             conn.restore_functions(&scripts);
             let mut live = conn.get(&scripts).await?;
-            let reply = call_script::<Vec<u8>>(&mut live, &conn, script, route, call).await;
+            let reply =
+                call_script::<Vec<u8>>(&mut live, &conn, &scripts.library, script, route, call)
+                    .await;
             // A refusal just met: the library is tried again at once where
             // it was only missing.
             conn.restore_functions(&scripts);

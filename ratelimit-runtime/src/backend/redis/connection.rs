@@ -219,15 +219,7 @@ impl Live {
     /// every master. A user may be allowed `FCALL` but not `FUNCTION`, or
     /// the other way round.
     pub(super) async fn load_library(&mut self, library: &Library) -> Result<(), RedisError> {
-        let mut probe = redis::cmd("FCALL");
-        probe
-            .arg(&library.function)
-            .arg(0)
-            .arg("")
-            .arg("")
-            .arg("")
-            .arg(0)
-            .arg("");
+        let probe = probe(library);
         match self.everywhere(&probe).await {
             Err(error) if function_missing(&error) => {}
             reply => return reply,
@@ -253,6 +245,35 @@ impl Live {
             answer => answer.extract_error().map(drop),
         }
     }
+}
+
+/// A call of the library's function with an empty batch (which answers
+/// nothing), all of text: whatever the server answers, the client reads it.
+fn probe(library: &Library) -> Cmd {
+    let mut probe = redis::cmd("FCALL");
+    probe
+        .arg(&library.function)
+        .arg(0)
+        .arg("")
+        .arg("")
+        .arg("")
+        .arg(0)
+        .arg("");
+    probe
+}
+
+/// The first key of a script call (`FCALL`/`EVALSHA`, name, key count,
+/// keys..): what a cluster routes it by.
+fn first_key(cmd: &Cmd) -> Option<Vec<u8>> {
+    let mut args = cmd.args_iter().skip(2).map(|arg| match arg {
+        redis::Arg::Simple(bytes) => Some(bytes),
+        _ => None,
+    });
+    let keys = std::str::from_utf8(args.next()??).ok()?;
+    if keys.parse::<u64>().ok()? == 0 {
+        return None;
+    }
+    Some(args.next()??.to_vec())
 }
 
 /// A pipeline of `ASKING` and `cmd`, to the node `host:port`: `cmd`'s answer.
@@ -345,12 +366,16 @@ pub(super) fn script_call(function: bool, name: &str, script: &Script) -> Cmd {
 /// (but a `node` call, whose keys `EVALSHA` cannot take: that refusal is the
 /// caller's to handle), and leaves scripts in use until the library is
 /// loaded again, which is tried later in the background (see
-/// [`Conn::restore_functions`]); an answer to `FCALL` that does not parse
-/// fails its call and does the same. A script the server lost (`NOSCRIPT`) is
-/// loaded again and the call sent once more.
+/// [`Conn::restore_functions`]). An answer to `FCALL` that does not parse
+/// (a server without `FCALL` quotes the call's bytes in its "unknown
+/// command") is followed by a call of text to the same node: where that is
+/// refused as above, the call did not run and goes on as above; else it
+/// fails, and scripts are used all the same. A script the server lost
+/// (`NOSCRIPT`) is loaded again and the call sent once more.
 pub(super) async fn call_script<T: FromRedisValue>(
     live: &mut Live,
     conn: &Conn,
+    library: &Library,
     script: &Script,
     route: Option<&[u8]>,
     call: impl Fn(bool) -> Cmd,
@@ -368,11 +393,22 @@ pub(super) async fn call_script<T: FromRedisValue>(
             Err(e) if e.kind() == ErrorKind::Parse => {
                 // An answer the client could not read: a server without
                 // `FCALL` quotes the call's arguments (bytes, not text) in
-                // its "unknown command". That the call did not run cannot
-                // be told, so it fails; the calls after it go by `EVALSHA`
-                // until the library answers a call of text again.
-                conn.functions_refused(&e);
-                return Err(e);
+                // its "unknown command". The same node is asked by a call
+                // of text, whose refusal it can read: refused, the call
+                // did not run either.
+                let at = route.map(<[u8]>::to_vec).or_else(|| first_key(&cmd));
+                match live.query_at::<Value>(&probe(library), at.as_deref()).await {
+                    Err(refusal) if functions_refused(&refusal) => {
+                        conn.functions_refused(&refusal);
+                        if route.is_some() {
+                            return Err(refusal);
+                        }
+                    }
+                    _ => {
+                        conn.functions_refused(&e);
+                        return Err(e);
+                    }
+                }
             }
             reply => return reply,
         }
