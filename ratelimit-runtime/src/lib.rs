@@ -98,10 +98,11 @@ mod decision;
 mod error;
 #[cfg(feature = "http")]
 pub mod http;
-pub mod keys;
+mod keys;
 mod limiter;
 pub mod overrides;
 pub mod pipeline;
+mod registry;
 mod rule;
 mod secret;
 mod site;
@@ -133,8 +134,10 @@ pub use ratelimit_macros::rate_limit;
 /// may change in any release without notice.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::keys::SafePart;
-    pub use crate::pipeline::{HEADER_SUBJECTS, Reject, SITES, Site, check, reject};
+    pub use crate::keys::{ARG, DEFAULT_PREFIX, SafePart, as_str, concat, len};
+    pub use crate::pipeline::{Reject, check, reject};
+    pub use crate::registry::SITES;
+    pub use crate::site::{HEADER_SUBJECTS, Site};
     pub use crate::{Algorithm, OnError, Rule};
     pub use ::core::option::Option;
     pub use ::core::result::Result;
@@ -143,6 +146,7 @@ pub mod __private {
     pub use ::std::time::Duration;
 
     pub use crate::__rate_limit_http_handler as http_handler;
+    pub use crate::__rate_limit_static_key as static_key;
 
     /// HTTP handlers (actix-web, axum).
     #[cfg(any(feature = "actix", feature = "axum"))]
@@ -150,6 +154,21 @@ pub mod __private {
         pub use crate::http::{By, HttpCall, Reply, check};
         pub use crate::pipeline::Report;
     }
+}
+
+/// A key made at compile time of constant parts (`&'static str`s), for
+/// `#[rate_limit]`'s expansion: one `&'static str`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __rate_limit_static_key {
+    ($($part:expr),+ $(,)?) => {{
+        const __RATELIMIT_KEY: &str = {
+            const PARTS: &[&str] = &[$($part),+];
+            const BYTES: [u8; $crate::__private::len(PARTS)] = $crate::__private::concat(PARTS);
+            $crate::__private::as_str(&BYTES)
+        };
+        __RATELIMIT_KEY
+    }};
 }
 
 /// An HTTP handler's expansion by `#[rate_limit]`: `{ handler } { fn as

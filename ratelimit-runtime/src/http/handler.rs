@@ -7,7 +7,8 @@
 use std::net::IpAddr;
 
 use super::{Field, HttpOptions, Refusal, rate_limit_headers, refusal};
-use crate::pipeline::{self, Pass, Report, Site};
+use crate::pipeline::{self, Pass, Report};
+use crate::site::Site;
 use crate::{RateLimited, RateLimiter};
 
 /// What `#[rate_limit]` reads of an HTTP request: the limiter and
@@ -138,7 +139,7 @@ pub enum By {
 /// Checks one call of a handler under `site`: the key is `base` plus the
 /// subject `by` names; the limiter is the site's named one, else the app's.
 pub async fn check(site: &Site, base: &str, by: By, call: &HttpCall) -> Result<Pass, RateLimited> {
-    let limiter = match site.limiter_name() {
+    let limiter = match site.limiter {
         Some(_) => site.limiter(),
         None => Some(call.limiter()),
     };

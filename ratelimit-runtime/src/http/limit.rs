@@ -7,7 +7,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::{Headers, HttpOptions, canonical};
-use crate::pipeline::Site;
+use crate::keys;
+use crate::site::Site;
 use crate::{OnError, RateLimited, Rule};
 
 /// Whose budget a middleware charges; `K` is the framework's key closure.
@@ -77,7 +78,7 @@ impl Tiers {
     /// the program (a table is made once, at start-up).
     pub fn tier(mut self, name: impl Into<String>, rule: Rule) -> Tiers {
         let name: &'static str = Box::leak(name.into().into_boxed_str());
-        crate::overrides::register(name, rule, 1);
+        crate::registry::register(name, rule, 1);
         self.tiers.push((name, rule));
         self
     }
@@ -86,8 +87,17 @@ impl Tiers {
     pub(crate) fn sites(&self, cost: u64, on_error: Option<OnError>) -> Vec<Site> {
         self.tiers
             .iter()
-            .map(|&(name, rule)| Site::new(name, rule, cost, None, on_error, false))
+            .map(|&(name, rule)| site(name, rule, cost, on_error))
             .collect()
+    }
+}
+
+/// The site of a middleware's rule (or a tier's).
+fn site(name: &'static str, rule: Rule, cost: u64, on_error: Option<OnError>) -> Site {
+    let site = Site::new(name, rule).with_cost(cost);
+    match on_error {
+        Some(on_error) => site.with_on_error(on_error),
+        None => site,
     }
 }
 
@@ -126,11 +136,9 @@ impl Sites {
         };
         match self.tiers.iter().find(|site| site.name == tier) {
             Some(site) => {
-                let subject = key.strip_prefix(limit.key.as_str()).unwrap_or_default();
-                (
-                    Arc::clone(site),
-                    Cow::Owned(format!("limiter:{}{subject}", site.name)),
-                )
+                let subject = keys::subject_of(&key, &limit.key);
+                let key = keys::key(site.prefix, site.name, subject);
+                (Arc::clone(site), Cow::Owned(key))
             }
             None => {
                 tracing::debug!(tier, "no such tier; the middleware's own rule applies");
@@ -155,11 +163,11 @@ impl<K> Limit<K> {
     /// One budget for all requests under `rule`, named `http` (key
     /// `limiter:http`), known to overrides under that name.
     pub(crate) fn new(rule: Rule) -> Limit<K> {
-        crate::overrides::register("http", rule, 1);
+        crate::registry::register("http", rule, 1);
         Limit {
             rule,
             name: "http",
-            key: "limiter:http".to_owned(),
+            key: keys::key(keys::DEFAULT_PREFIX, "http", ""),
             by: By::Global,
             cost: 1,
             on_error: None,
@@ -187,8 +195,7 @@ impl<K> Limit<K> {
         if !refund_if(status) || self.rule.algorithm() == crate::Algorithm::Concurrency {
             return;
         }
-        let rule =
-            crate::overrides::effective(site.name, &self.rule, false).map_or(self.rule, |(r, _)| r);
+        let rule = crate::registry::in_force(site.name, &self.rule);
         if let Err(error) = limiter.refund(&rule, key, self.cost).await {
             tracing::debug!(%error, key, "could not give back a request's units");
         }
@@ -196,7 +203,7 @@ impl<K> Limit<K> {
 
     /// The site its decisions go through.
     pub(crate) fn site(&self) -> Site {
-        Site::new(self.name, self.rule, self.cost, None, self.on_error, false)
+        site(self.name, self.rule, self.cost, self.on_error)
     }
 
     /// Whether `path` is an exempt path or below one (whole segments).
@@ -261,9 +268,7 @@ impl<K> Limit<K> {
                 if self.exempt_key(k.as_bytes()) {
                     return Verdict::Pass;
                 }
-                let mut subject = String::from(":key:");
-                crate::keys::push_part(&mut subject, &k);
-                subject
+                keys::closure_subject(&k)
             }
         };
         Verdict::Check(Cow::Owned([self.key.as_str(), &subject].concat()))
@@ -272,7 +277,7 @@ impl<K> Limit<K> {
     /// Names the rule `name`: the key is `limiter:<name>` plus the subject.
     pub(crate) fn name(&mut self, name: &'static str) {
         self.name = name;
-        self.key = format!("limiter:{name}");
+        self.key = keys::key(keys::DEFAULT_PREFIX, name, "");
     }
 
     /// A budget per value of the header `name`.
@@ -317,9 +322,9 @@ impl<K> Limit<K> {
 pub(crate) fn register_as<K: Clone>(limit: &mut Arc<Limit<K>>, name: &str, cost: u64) {
     let rule = limit.rule;
     if Arc::get_mut(limit).is_some() {
-        crate::overrides::unregister(limit.name, rule);
+        crate::registry::unregister(limit.name, rule);
     }
-    crate::overrides::register(name, rule, cost);
+    crate::registry::register(name, rule, cost);
 }
 
 /// The builder methods both middlewares share, on a type with a field

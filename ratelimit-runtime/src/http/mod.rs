@@ -30,7 +30,8 @@ pub use headers::{Field, RATELIMIT, RATELIMIT_POLICY, Refusal, rate_limit_header
 #[cfg(feature = "actix")]
 pub(crate) use headers::{bad_field, is_plain_name};
 
-use crate::Error;
+use crate::error::Error;
+use crate::keys;
 
 /// A request's header fields, as the client identity reads them: each value
 /// of a field, in order. Implemented for the `http` crate's `HeaderMap` and
@@ -323,9 +324,9 @@ impl HttpOptions {
             }
         }
         let mut subject = String::with_capacity(48);
-        subject.push_str(":ip:");
+        subject.push_str(keys::IP);
         if self.digest_ips {
-            crate::keys::push_digest(&mut subject, secret, address.as_bytes());
+            keys::push_digest(&mut subject, secret, address.as_bytes());
         } else {
             subject.push_str(&address);
         }
@@ -406,10 +407,10 @@ impl HttpOptions {
     /// in a key or a log.
     pub(crate) fn header_subject(&self, secret: &[u8], name: &str, value: Option<&[u8]>) -> String {
         let mut subject = String::with_capacity(name.len() + 42);
-        subject.push_str(":header:");
+        subject.push_str(keys::HEADER);
         subject.push_str(name);
         subject.push(':');
-        crate::keys::push_digest(&mut subject, secret, value.unwrap_or_default());
+        keys::push_digest(&mut subject, secret, value.unwrap_or_default());
         subject
     }
 
@@ -419,7 +420,9 @@ impl HttpOptions {
     pub(crate) fn ip_subject(&self, secret: &[u8], ip: Option<IpAddr>) -> Result<String, ()> {
         match ip {
             Some(ip) => Ok(self.subject_with(secret, ip)),
-            None if self.unknown_client == UnknownClient::Shared => Ok(":ip:unknown".to_owned()),
+            None if self.unknown_client == UnknownClient::Shared => {
+                Ok([keys::IP, "unknown"].concat())
+            }
             None => Err(()),
         }
     }
