@@ -38,8 +38,10 @@ use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::response::{IntoResponse, Response};
 use http::HeaderValue;
 
+use crate::decision::RateLimited;
 use crate::http::{HttpCall, HttpOptions, NoFallback, Refusal, Reply, ReplyKind, append};
-use crate::{RateLimited, RateLimiter, pipeline};
+use crate::limiter::RateLimiter;
+use crate::pipeline;
 
 /// The peer's address from axum's `ConnectInfo<SocketAddr>`, or a
 /// `SocketAddr` extension another server put there.

@@ -28,13 +28,22 @@ use std::fmt::{self, Write as _};
 pub const DEFAULT_PREFIX: &str = "limiter:";
 
 /// The subject tag of `by = ip` (and a middleware's `by_ip`).
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) const IP: &str = ":ip:";
 /// The subject tag of `by = header(..)` (and a middleware's `by_header`).
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) const HEADER: &str = ":header:";
 /// The subject tag of `by = arg(..)`.
 pub const ARG: &str = ":arg:";
 /// The subject tag of a middleware's `by_key` closure.
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) const CLOSURE: &str = ":key:";
+
+/// The header names of every `by = header(..)` rule of the program
+/// (gathered by the linker): what a handler's request keeps of its
+/// headers, and what tells a limiter it needs a key secret.
+#[linkme::distributed_slice]
+pub static HEADER_SUBJECTS: [&'static str];
 
 /// The longest part kept as it is.
 pub(crate) const MAX_PART: usize = 64;
@@ -57,11 +66,13 @@ pub(crate) fn key(prefix: &str, name: &str, subject: &str) -> String {
 
 /// The subject of `key`, a key of the rule whose keys start with `base`
 /// (its prefix and name): what follows `base`, with its leading `:`.
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) fn subject_of<'k>(key: &'k str, base: &str) -> &'k str {
     key.strip_prefix(base).unwrap_or_default()
 }
 
 /// The subject of a middleware's `by_key` closure's `value`.
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) fn closure_subject(value: &str) -> String {
     let mut subject = String::with_capacity(CLOSURE.len() + value.len().min(MAX_PART + 1));
     subject.push_str(CLOSURE);
@@ -135,6 +146,7 @@ pub(crate) fn push_part(out: &mut String, part: &str) {
 /// that must not be readable in keys (a header's, an API key), the same on
 /// every instance that shares the secret. `#` never appears in a kept part,
 /// nor in a plain digest (`~`), so none collide.
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) fn push_digest(out: &mut String, secret: &[u8], value: &[u8]) {
     let mac = hmac_sha1(secret, value);
     out.push('#');
@@ -144,6 +156,7 @@ pub(crate) fn push_digest(out: &mut String, secret: &[u8], value: &[u8]) {
 }
 
 /// HMAC-SHA1 (RFC 2104).
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 fn hmac_sha1(secret: &[u8], message: &[u8]) -> [u8; 20] {
     const BLOCK: usize = 64;
     let mut key = [0u8; BLOCK];

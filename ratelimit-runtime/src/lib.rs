@@ -134,10 +134,10 @@ pub use ratelimit_macros::rate_limit;
 /// may change in any release without notice.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::keys::{ARG, DEFAULT_PREFIX, SafePart, as_str, concat, len};
+    pub use crate::keys::{ARG, DEFAULT_PREFIX, HEADER_SUBJECTS, SafePart, as_str, concat, len};
     pub use crate::pipeline::{Reject, check, reject};
     pub use crate::registry::SITES;
-    pub use crate::site::{HEADER_SUBJECTS, Site};
+    pub use crate::site::Site;
     pub use crate::{Algorithm, OnError, Rule};
     pub use ::core::option::Option;
     pub use ::core::result::Result;

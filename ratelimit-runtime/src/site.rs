@@ -11,11 +11,6 @@ use crate::keys;
 use crate::limiter::RateLimiter;
 use crate::rule::Rule;
 
-/// The header names of every `by = header(..)` rule of the program
-/// (gathered by the linker): what a handler's request keeps of its headers.
-#[linkme::distributed_slice]
-pub static HEADER_SUBJECTS: [&'static str];
-
 /// One rule where it is applied: a `#[rate_limit]` call site (a `static`
 /// per site) or a middleware's rule. It keeps what every check of the rule
 /// shares: its name, rule and options, where its keys are, the named

@@ -16,10 +16,10 @@ use http_body_util::{Either, Full};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::RateLimiter;
 use crate::http::Tiers;
 use crate::http::limit::{By, Limit, Sites, Verdict, limit_builder};
 use crate::http::{HttpOptions, Refusal, append, rate_limit_headers, refusal};
+use crate::limiter::RateLimiter;
 use crate::pipeline;
 
 /// A closure that names a request's budget.

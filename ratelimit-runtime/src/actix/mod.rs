@@ -24,9 +24,10 @@ use actix_web::{FromRequest, HttpRequest, HttpResponse, Responder, ResponseError
 
 pub use middleware::{RateLimit, RateLimitService};
 
+use crate::decision::{Cause, RateLimited};
 use crate::http::{Field, HttpCall, HttpOptions, NoFallback, Refusal, Reply, ReplyKind};
+use crate::limiter::RateLimiter;
 use crate::pipeline;
-use crate::{Cause, RateLimited, RateLimiter};
 
 /// The limiter for this request: the app's (`app_data`) if it has one, else
 /// the global one.

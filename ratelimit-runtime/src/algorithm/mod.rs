@@ -23,7 +23,8 @@ mod token_bucket;
 pub(crate) use concurrency::{acquire, release};
 pub(crate) use sliding_log::Log;
 
-use crate::{Algorithm, Decision, Rule};
+use crate::decision::Decision;
+use crate::rule::{Algorithm, Rule};
 
 /// What one check found, in microseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,6 +204,20 @@ const _: () = {
         i += 1;
     }
 };
+
+// The name and burst of an algorithm are the registry's: its methods live
+// with the table, so the rule does not reach up to the algorithms.
+impl Algorithm {
+    /// The name used in the attribute (`algorithm = fixed_window`) and in logs.
+    pub const fn name(self) -> &'static str {
+        spec(self).name
+    }
+
+    /// Whether `burst` means something for this algorithm.
+    pub const fn has_burst(self) -> bool {
+        spec(self).burst
+    }
+}
 
 /// The registry's entry of `algorithm`.
 pub(crate) const fn spec(algorithm: Algorithm) -> &'static Spec {

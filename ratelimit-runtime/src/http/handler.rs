@@ -7,9 +7,10 @@
 use std::net::IpAddr;
 
 use super::{Field, HttpOptions, Refusal, rate_limit_headers, refusal};
+use crate::decision::RateLimited;
+use crate::limiter::RateLimiter;
 use crate::pipeline::{self, Pass, Report};
 use crate::site::Site;
-use crate::{RateLimited, RateLimiter};
 
 /// What `#[rate_limit]` reads of an HTTP request: the limiter and
 /// [`HttpOptions`] the app set, the client's address, and the values of the
@@ -77,7 +78,7 @@ impl HttpCall {
             .unwrap_or_else(|| HttpOptions::default_ref())
             .client_ip(peer, all);
         let mut headers: Vec<(&'static str, Box<[u8]>)> = Vec::new();
-        for &name in crate::site::HEADER_SUBJECTS {
+        for &name in crate::keys::HEADER_SUBJECTS {
             if !headers
                 .iter()
                 .any(|(known, _)| known.eq_ignore_ascii_case(name))

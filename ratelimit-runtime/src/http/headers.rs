@@ -8,8 +8,8 @@ use std::time::Duration;
 use ::http::StatusCode;
 
 use super::{HeaderStyle, HttpOptions};
+use crate::decision::{Cause, RateLimited};
 use crate::pipeline::Report;
-use crate::{Cause, RateLimited};
 
 /// A header field for a response: its name and its value, for any
 /// framework's header types without parsing the name or copying the value
@@ -168,8 +168,8 @@ impl CustomRefusal {
 
     /// Builds the refusal of each cause once and checks its fields: a name
     /// in any case, a value that can be sent.
-    pub(crate) fn check(&self) -> Result<(), crate::Error> {
-        let over = RateLimited::from_decision(&crate::Decision {
+    pub(crate) fn check(&self) -> Result<(), crate::error::Error> {
+        let over = RateLimited::from_decision(&crate::decision::Decision {
             allowed: false,
             limit: 1,
             remaining: 0,
@@ -184,13 +184,13 @@ impl CustomRefusal {
             let limited = limited.with_rule(Duration::from_secs(1), "on_refusal");
             for (name, value) in self.build(&limited).headers {
                 if ::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                    return Err(crate::Error::Config(format!(
+                    return Err(crate::error::Error::Config(format!(
                         "on_refusal: {name:?} is not a header field name (letters, digits \
                          and !#$%&'*+-.^_`|~, in any case)"
                     )));
                 }
                 if ::http::HeaderValue::try_from(value).is_err() {
-                    return Err(crate::Error::Config(format!(
+                    return Err(crate::error::Error::Config(format!(
                         "on_refusal: the value of the field {name:?} cannot be sent (a line \
                          break or another control character)"
                     )));

@@ -7,9 +7,11 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::{Headers, HttpOptions, canonical};
+use crate::decision::RateLimited;
+use crate::error::OnError;
 use crate::keys;
+use crate::rule::Rule;
 use crate::site::Site;
-use crate::{OnError, RateLimited, Rule};
 
 /// Whose budget a middleware charges; `K` is the framework's key closure.
 pub(crate) enum By<K> {
@@ -185,14 +187,14 @@ impl<K> Limit<K> {
     pub(crate) async fn settle(
         &self,
         site: &Site,
-        limiter: &crate::RateLimiter,
+        limiter: &crate::limiter::RateLimiter,
         key: &str,
         status: u16,
     ) {
         let Some(refund_if) = &self.refund_if else {
             return;
         };
-        if !refund_if(status) || self.rule.algorithm() == crate::Algorithm::Concurrency {
+        if !refund_if(status) || self.rule.algorithm() == crate::rule::Algorithm::Concurrency {
             return;
         }
         let rule = crate::registry::in_force(site.name, &self.rule);
@@ -234,7 +236,7 @@ impl<K> Limit<K> {
         site: &Site,
         path: &str,
         options: &HttpOptions,
-        limiter: &crate::RateLimiter,
+        limiter: &crate::limiter::RateLimiter,
         client: impl FnOnce() -> Option<IpAddr>,
         headers: &impl Headers,
         key: impl FnOnce(&K) -> Option<String>,
@@ -334,7 +336,7 @@ macro_rules! limit_builder {
         impl $ty {
             /// One budget for all requests under `rule`, under the key
             /// `limiter:http` (set another with [`key`](Self::key)).
-            pub fn new(rule: $crate::Rule) -> $ty {
+            pub fn new(rule: $crate::rule::Rule) -> $ty {
                 $ty::from_limit(::std::sync::Arc::new($crate::http::limit::Limit::new(rule)))
             }
 
@@ -385,7 +387,7 @@ macro_rules! limit_builder {
 
             /// What to do when the backend fails (default: the limiter's
             /// setting).
-            pub fn on_error(self, on_error: $crate::OnError) -> $ty {
+            pub fn on_error(self, on_error: $crate::error::OnError) -> $ty {
                 self.with(|m| m.on_error = Some(on_error))
             }
 

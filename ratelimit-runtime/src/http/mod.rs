@@ -306,7 +306,7 @@ impl HttpOptions {
     /// `:ip:<address>` for the key of the client `ip` (IPv6 masked to the
     /// prefix), or `:ip:#<digest>` with [`digest_client_ips`](Self::digest_client_ips)
     /// (under `limiter`'s key secret).
-    pub fn subject_of(&self, limiter: &crate::RateLimiter, ip: IpAddr) -> String {
+    pub fn subject_of(&self, limiter: &crate::limiter::RateLimiter, ip: IpAddr) -> String {
         self.subject_with(limiter.key_secret(), ip)
     }
 
@@ -369,7 +369,7 @@ impl HttpOptions {
     /// break or another control character).
     pub fn on_refusal(
         mut self,
-        build: impl Fn(&crate::RateLimited) -> Refusal + Send + Sync + 'static,
+        build: impl Fn(&crate::decision::RateLimited) -> Refusal + Send + Sync + 'static,
         standard_headers: bool,
     ) -> Result<HttpOptions, Error> {
         let refusal = headers::CustomRefusal::new(build, standard_headers);
@@ -393,7 +393,7 @@ impl HttpOptions {
     /// secret.
     pub fn subject_of_header(
         &self,
-        limiter: &crate::RateLimiter,
+        limiter: &crate::limiter::RateLimiter,
         name: &str,
         value: &str,
     ) -> String {

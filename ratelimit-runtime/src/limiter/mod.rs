@@ -25,8 +25,10 @@ use crate::backend::memory::MemoryBackend;
 #[cfg(feature = "redis")]
 use crate::backend::redis::RedisBackend;
 use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::error::{Error, OnError};
+use crate::rule::Rule;
 use crate::secret::KeySecret;
-use crate::{Decision, Error, OnError, Rule};
 #[cfg(feature = "redis")]
 use breaker::{Breaker, CircuitOpen, OverLimitCache};
 use permit::Lease;

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use super::Store;
-use crate::{Decision, Error, Rule};
+use crate::decision::Decision;
+use crate::error::Error;
+use crate::rule::Rule;
 
 /// What [`RateLimiter::acquire`](super::RateLimiter::acquire) answers: the decision, and for an allowed
 /// call of a `concurrency` rule, the lease it holds.

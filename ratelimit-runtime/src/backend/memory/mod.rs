@@ -9,7 +9,9 @@ use std::sync::{Arc, MutexGuard};
 use super::{Backend, StoredKey};
 use crate::algorithm::{self, State};
 use crate::clock::{Clock, SystemClock};
-use crate::{Algorithm, Decision, Error, Rule};
+use crate::decision::Decision;
+use crate::error::Error;
+use crate::rule::{Algorithm, Rule};
 use shard::{Entry, Hasher, MAX_PER_SHARD, Overflow, Shard, ShardMap, Slot, key_hash};
 
 /// How many independently locked shards the keys are spread over, so tasks on
@@ -406,8 +408,8 @@ mod tests {
 
     use super::shard::{CREDIT_PER_CALL, MIN_SWEEP_LEN};
     use super::*;
-    use crate::ManualClock;
     use crate::backend::INLINE_KEY;
+    use crate::clock::ManualClock;
 
     fn rule(count: u64, period_ms: u64) -> Rule {
         Rule::fixed_window(count, Duration::from_millis(period_ms))

@@ -14,9 +14,9 @@ use super::connection::{Busy, Conn, Target, call_script, not_run, script_call};
 use super::nodes;
 use super::scripts::Scripts;
 use super::{Expired, RedisBackend, Stopped, TimedOut};
-use crate::Error;
 use crate::algorithm::{Outcome, spec};
 use crate::backend::StoredKey;
+use crate::error::Error;
 
 /// The most checks one batch carries (a batch holds the server for its
 /// whole run: about a microsecond or two per check).

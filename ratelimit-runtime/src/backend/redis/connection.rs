@@ -16,7 +16,7 @@ use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RetryMethod, Script, Ser
 use super::nodes::SlotMap;
 use super::scripts::{Library, Scripts};
 use super::within;
-use crate::Error;
+use crate::error::Error;
 
 /// Counts one script call on its way while it lives.
 pub(super) struct Busy<T: Deref<Target = AtomicUsize>>(T);

@@ -23,8 +23,10 @@ use tokio::time::Instant;
 
 use super::Backend;
 use crate::algorithm::{Outcome, spec};
+use crate::decision::Decision;
+use crate::error::Error;
+use crate::rule::Rule;
 use crate::secret::{redact_url, redact_urls};
-use crate::{Decision, Error, Rule};
 use batch::{Answer, Batching, Job, answered, send_batch};
 use codec::{Call, Clock, Op};
 use connection::{Busy, Conn, Target};
@@ -669,7 +671,7 @@ mod tests {
     use super::batch::firsts_first;
     use super::scripts::{BIND, Library};
     use super::*;
-    use crate::Algorithm;
+    use crate::rule::Algorithm;
 
     /// The library declares at load, and sets at each call, every name
     /// bind.lua binds (a line of another shape would leave a name unset),
