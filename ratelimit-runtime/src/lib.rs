@@ -101,7 +101,7 @@ pub mod http;
 mod keys;
 mod limiter;
 pub mod overrides;
-pub mod pipeline;
+mod pipeline;
 mod registry;
 mod rule;
 mod secret;
@@ -151,7 +151,7 @@ pub mod __private {
     /// HTTP handlers (actix-web, axum).
     #[cfg(any(feature = "actix", feature = "axum"))]
     pub mod http {
-        pub use crate::http::{By, HttpCall, Reply, check};
+        pub use crate::http::handler::{By, HttpCall, Reply, check};
         pub use crate::pipeline::Report;
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! Every `#[rate_limit]` rule has a name: its `key` as written (or the fn's
 //! name when it has no key); a [`RateLimit`](crate::RateLimit) middleware's
-//! is its `.key(..)`, known once the middleware is built (build it before
+//! is its `.name(..)`, known once the middleware is built (build it before
 //! loading overrides, and clone it into the app factory). `count`, `period`, `burst` and `shadow` can be set:
 //!
 //! - from the environment: `RATELIMIT_OVERRIDES="ip_limit_test.count=10; search.period=1m; search.shadow=true"`

@@ -45,7 +45,7 @@ impl Report {
     /// The report of the rule that refused a call.
     pub fn from_refusal(limited: &RateLimited) -> Report {
         Report {
-            name: limited.policy,
+            name: limited.name,
             limit: limited.limit,
             period: limited.period,
             remaining: limited.remaining,
@@ -84,7 +84,7 @@ pub async fn check(site: &Site, key: &str) -> Result<Pass, RateLimited> {
 
 /// Checks one call under `site` with `limiter` (`None`: the site names a
 /// limiter that is not installed, which is handled as a backend failure).
-pub async fn check_on(
+pub(crate) async fn check_on(
     site: &Site,
     limiter: Option<&RateLimiter>,
     key: &str,

@@ -17,7 +17,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::http::Tiers;
-use crate::http::limit::{By, Limit, Sites, Verdict, limit_builder};
+use crate::http::limit::{Limit, Sites, Subject, Verdict, limit_builder};
 use crate::http::{HttpOptions, Refusal, append, rate_limit_headers, refusal};
 use crate::limiter::RateLimiter;
 use crate::pipeline;
@@ -36,7 +36,7 @@ type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 /// let app: Router = Router::new()
 ///     .route("/api", get(|| async { "ok" }))
 ///     .route("/health", get(|| async { "ok" }))
-///     .layer(RateLimitLayer::new(API).key("api").by_ip().exempt_path("/health"));
+///     .layer(RateLimitLayer::new(API).name("api").by_ip().exempt_path("/health"));
 /// ```
 ///
 /// - **Limiter**: the one given to [`limiter`](RateLimitLayer::limiter),
@@ -83,7 +83,7 @@ impl RateLimitLayer {
     /// A budget per key your closure computes from the request's head;
     /// `None` lets the request through unlimited.
     pub fn by_key(self, key: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
-        self.with(|m| m.by = By::Key(Arc::new(key)))
+        self.with(|m| m.by = Subject::Key(Arc::new(key)))
     }
 
     /// Rules chosen per request: `pick` names a tier of `tiers` from the
@@ -121,10 +121,10 @@ impl RateLimitLayer {
 }
 
 impl<S> Layer<S> for RateLimitLayer {
-    type Service = RateLimitService<S>;
+    type Service = LimitedService<S>;
 
-    fn layer(&self, inner: S) -> RateLimitService<S> {
-        RateLimitService {
+    fn layer(&self, inner: S) -> LimitedService<S> {
+        LimitedService {
             inner,
             sites: Arc::new(Sites::new(&self.inner)),
             layer: self.clone(),
@@ -134,15 +134,15 @@ impl<S> Layer<S> for RateLimitLayer {
 
 /// The service [`RateLimitLayer`] wraps around another.
 #[derive(Clone)]
-pub struct RateLimitService<S> {
+pub struct LimitedService<S> {
     inner: S,
     sites: Arc<Sites>,
     layer: RateLimitLayer,
 }
 
-impl<S> std::fmt::Debug for RateLimitService<S> {
+impl<S> std::fmt::Debug for LimitedService<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RateLimitService")
+        f.debug_struct("LimitedService")
             .field("layer", &self.layer)
             .finish_non_exhaustive()
     }
@@ -152,7 +152,7 @@ impl<S> std::fmt::Debug for RateLimitService<S> {
 /// refusal's.
 pub type LimitedBody<B> = Either<B, Full<bytes::Bytes>>;
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LimitedService<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,

@@ -11,7 +11,7 @@ use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forwar
 
 use super::{append, client_ip, limiter_for, options_for, response};
 use crate::http::Tiers;
-use crate::http::limit::{By, Limit, Sites, Verdict, limit_builder};
+use crate::http::limit::{Limit, Sites, Subject, Verdict, limit_builder};
 use crate::pipeline;
 
 /// A closure that names a request's budget.
@@ -27,7 +27,7 @@ type KeyFn = Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + Sync>;
 ///
 /// const API: Rule = Rule::gcra(100, Duration::from_secs(60));
 /// let app = App::new()
-///     .wrap(RateLimit::new(API).key("api").by_ip().exempt_path("/health"))
+///     .wrap(RateLimit::new(API).name("api").by_ip().exempt_path("/health"))
 ///     .route("/health", web::get().to(|| async { "ok" }));
 /// ```
 ///
@@ -54,7 +54,7 @@ impl RateLimit {
         self,
         key: impl Fn(&ServiceRequest) -> Option<String> + Send + Sync + 'static,
     ) -> RateLimit {
-        self.with(|m| m.by = By::Key(Arc::new(key)))
+        self.with(|m| m.by = Subject::Key(Arc::new(key)))
     }
 
     /// Rules chosen per request: `pick` names a tier of `tiers` (a plan

@@ -16,7 +16,7 @@ use crate::pipeline::Report;
 /// (`HeaderName::from_static`, a value from the string's bytes). The
 /// crate's own names are lowercase; an app's (in a [`Refusal`]) may be in
 /// any case and are sent lowercase.
-pub type Field = (&'static str, String);
+pub(crate) type Field = (&'static str, String);
 
 /// Whether `name` is a field name the `http` crates take as it is (their
 /// `from_static`, which panics on anything else): lowercase letters,
@@ -43,9 +43,9 @@ pub(crate) fn bad_field(name: &str) {
 }
 
 /// The draft's policy field: each rule's limit and window.
-pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
+pub(crate) const RATELIMIT_POLICY: &str = "ratelimit-policy";
 /// The draft's state field: each rule's remaining units and reset.
-pub const RATELIMIT: &str = "ratelimit";
+pub(crate) const RATELIMIT: &str = "ratelimit";
 const X_LIMIT: &str = "x-ratelimit-limit";
 const X_REMAINING: &str = "x-ratelimit-remaining";
 const X_RESET: &str = "x-ratelimit-reset";
@@ -67,7 +67,7 @@ pub(crate) const FIELD_NAMES: [&str; 7] = [
 
 /// The rate-limit header fields, in `style`, for the rules a call went
 /// through (none for no report).
-pub fn rate_limit_headers<'a>(
+pub(crate) fn rate_limit_headers<'a>(
     style: HeaderStyle,
     reports: impl IntoIterator<Item = &'a Report> + Clone,
 ) -> Vec<Field> {
@@ -120,7 +120,7 @@ pub struct Refusal {
 
 /// The response for `limited`, with the rate-limit fields of `passed` (the
 /// rules the call went through before it) and of the refusing rule.
-pub fn refusal(limited: &RateLimited, passed: &[Report], options: &HttpOptions) -> Refusal {
+pub(crate) fn refusal(limited: &RateLimited, passed: &[Report], options: &HttpOptions) -> Refusal {
     let Some(custom) = &options.refusal else {
         return standard(limited, passed, options);
     };

@@ -14,7 +14,7 @@ use crate::rule::Rule;
 use crate::site::Site;
 
 /// Whose budget a middleware charges; `K` is the framework's key closure.
-pub(crate) enum By<K> {
+pub(crate) enum Subject<K> {
     Global,
     Ip,
     /// A header's name, lowercase.
@@ -22,13 +22,13 @@ pub(crate) enum By<K> {
     Key(K),
 }
 
-impl<K: Clone> Clone for By<K> {
+impl<K: Clone> Clone for Subject<K> {
     fn clone(&self) -> Self {
         match self {
-            By::Global => By::Global,
-            By::Ip => By::Ip,
-            By::Header(name) => By::Header(name.clone()),
-            By::Key(key) => By::Key(key.clone()),
+            Subject::Global => Subject::Global,
+            Subject::Ip => Subject::Ip,
+            Subject::Header(name) => Subject::Header(name.clone()),
+            Subject::Key(key) => Subject::Key(key.clone()),
         }
     }
 }
@@ -39,7 +39,7 @@ pub(crate) struct Limit<K> {
     pub(crate) rule: Rule,
     pub(crate) name: &'static str,
     pub(crate) key: String,
-    pub(crate) by: By<K>,
+    pub(crate) by: Subject<K>,
     pub(crate) cost: u64,
     pub(crate) on_error: Option<OnError>,
     exempt_paths: Vec<String>,
@@ -170,7 +170,7 @@ impl<K> Limit<K> {
             rule,
             name: "http",
             key: keys::key(keys::DEFAULT_PREFIX, "http", ""),
-            by: By::Global,
+            by: Subject::Global,
             cost: 1,
             on_error: None,
             exempt_paths: Vec::new(),
@@ -245,8 +245,8 @@ impl<K> Limit<K> {
             return Verdict::Pass;
         }
         let subject = match &self.by {
-            By::Global => return Verdict::Check(Cow::Borrowed(&self.key)),
-            By::Ip => {
+            Subject::Global => return Verdict::Check(Cow::Borrowed(&self.key)),
+            Subject::Ip => {
                 let ip = client();
                 if ip.is_some_and(|ip| self.exempt_ips.contains(&ip)) {
                     return Verdict::Pass;
@@ -256,14 +256,14 @@ impl<K> Limit<K> {
                     Err(()) => return Verdict::Refuse(site.unknown_client()),
                 }
             }
-            By::Header(name) => {
+            Subject::Header(name) => {
                 let value = headers.values(name).next();
                 if value.is_some_and(|v| self.exempt_key(v)) {
                     return Verdict::Pass;
                 }
                 options.header_subject(limiter.key_secret(), name, value)
             }
-            By::Key(closure) => {
+            Subject::Key(closure) => {
                 let Some(k) = key(closure) else {
                     return Verdict::Pass;
                 };
@@ -290,7 +290,7 @@ impl<K> Limit<K> {
     /// start-up).
     pub(crate) fn by_header(&mut self, name: &str) {
         let name = ::http::HeaderName::try_from(name).expect("a valid header name");
-        self.by = By::Header(name.as_str().to_owned());
+        self.by = Subject::Header(name.as_str().to_owned());
     }
 
     /// Units one request takes.
@@ -334,8 +334,8 @@ pub(crate) fn register_as<K: Clone>(limit: &mut Arc<Limit<K>>, name: &str, cost:
 macro_rules! limit_builder {
     ($ty:ident) => {
         impl $ty {
-            /// One budget for all requests under `rule`, under the key
-            /// `limiter:http` (set another with [`key`](Self::key)).
+            /// One budget for all requests under `rule`, named `http` (its
+            /// key `limiter:http`; name it with [`name`](Self::name)).
             pub fn new(rule: $crate::rule::Rule) -> $ty {
                 $ty::from_limit(::std::sync::Arc::new($crate::http::limit::Limit::new(rule)))
             }
@@ -345,19 +345,29 @@ macro_rules! limit_builder {
                 self
             }
 
-            /// The rule's name: the key is `limiter:<name>` plus the subject,
-            /// the rate-limit headers name the policy so, and overrides
-            /// address the rule by it.
-            pub fn key(mut self, name: &'static str) -> $ty {
+            /// The rule's name: its budgets' keys are `limiter:<name>` plus
+            /// the subject, the rate-limit headers and metrics name it so,
+            /// and overrides and [`reset_named`](crate::RateLimiter::reset_named)
+            /// address it by it.
+            pub fn name(mut self, name: &'static str) -> $ty {
                 let cost = self.inner.cost;
                 $crate::http::limit::register_as(&mut self.inner, name, cost);
                 self.with(|m| m.name(name))
             }
 
+            /// The rule's name: [`name`](Self::name).
+            #[deprecated(
+                since = "0.1.1",
+                note = "renamed `name`: a rule's identity is its name"
+            )]
+            pub fn key(self, name: &'static str) -> $ty {
+                self.name(name)
+            }
+
             /// A budget per client address (see
             /// [`HttpOptions`](crate::HttpOptions) for proxies and IPv6).
             pub fn by_ip(self) -> $ty {
-                self.with(|m| m.by = $crate::http::limit::By::Ip)
+                self.with(|m| m.by = $crate::http::limit::Subject::Ip)
             }
 
             /// A budget per value of a request header (requests without it
@@ -424,7 +434,7 @@ macro_rules! limit_builder {
             fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
                 f.debug_struct(stringify!($ty))
                     .field("rule", &self.inner.rule)
-                    .field("key", &self.inner.key)
+                    .field("name", &self.inner.name)
                     .finish_non_exhaustive()
             }
         }

@@ -9,7 +9,7 @@
 #![cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
 
 #[cfg(any(feature = "actix", feature = "axum"))]
-mod handler;
+pub(crate) mod handler;
 mod headers;
 #[cfg(any(feature = "actix", feature = "tower"))]
 pub(crate) mod limit;
@@ -23,10 +23,11 @@ pub use ::http::StatusCode;
 #[cfg(any(feature = "actix", feature = "axum"))]
 pub(crate) use handler::ReplyKind;
 #[cfg(any(feature = "actix", feature = "axum"))]
-pub use handler::{By, HttpCall, NoFallback, Reply, check};
+pub use handler::{HttpCall, NoFallback, Reply};
 #[cfg(feature = "actix")]
 pub(crate) use headers::FIELD_NAMES;
-pub use headers::{Field, RATELIMIT, RATELIMIT_POLICY, Refusal, rate_limit_headers, refusal};
+pub use headers::Refusal;
+pub(crate) use headers::{Field, rate_limit_headers, refusal};
 #[cfg(feature = "actix")]
 pub(crate) use headers::{bad_field, is_plain_name};
 

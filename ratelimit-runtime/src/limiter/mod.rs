@@ -31,7 +31,7 @@ use crate::rule::Rule;
 use crate::secret::KeySecret;
 #[cfg(feature = "redis")]
 use breaker::{Breaker, CircuitOpen, OverLimitCache};
-use permit::Lease;
+use permit::HeldLease;
 
 /// A rate limiter: a backend to keep budgets in, and what to do when it fails.
 ///
@@ -98,7 +98,7 @@ impl Store {
     /// Gives a lease back at once when it was taken in process memory (the
     /// memory store, or the insurance limiter while Redis failed); `false`
     /// when the backend holds it.
-    fn release_in_process(&self, lease: &Lease) -> bool {
+    fn release_in_process(&self, lease: &HeldLease) -> bool {
         match self {
             Store::Memory(memory) => memory.release_now(&lease.key, lease.id),
             #[cfg(feature = "redis")]
@@ -111,7 +111,7 @@ impl Store {
     }
 
     /// Gives a lease back, where it was taken.
-    async fn release(&self, lease: &Lease) -> Result<(), Error> {
+    async fn release(&self, lease: &HeldLease) -> Result<(), Error> {
         if self.release_in_process(lease) {
             return Ok(());
         }
@@ -385,7 +385,7 @@ impl RateLimiter {
         local: bool,
     ) -> Permit {
         let lease = (holds_leases(rule) && decision.allowed).then(|| {
-            Box::new(Lease {
+            Box::new(HeldLease {
                 store: Arc::clone(&self.store),
                 rule: *rule,
                 key: key.into(),

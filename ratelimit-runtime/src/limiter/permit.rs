@@ -21,7 +21,7 @@ use crate::rule::Rule;
 pub struct Permit {
     pub(super) decision: Decision,
     /// Boxed: only concurrency rules have one.
-    pub(super) lease: Option<Box<Lease>>,
+    pub(super) lease: Option<Box<HeldLease>>,
     /// Answered by the in-process insurance limiter (the backend failed).
     pub(crate) local: bool,
     /// Not checked at all: the backend failed under the `allow` policy.
@@ -68,7 +68,7 @@ impl Permit {
 
 /// Units of a concurrency rule held by one call, and where to give them back.
 #[derive(Debug)]
-pub(super) struct Lease {
+pub(super) struct HeldLease {
     pub(super) store: Arc<Store>,
     pub(super) rule: Rule,
     pub(super) key: Box<str>,
@@ -80,7 +80,7 @@ pub(super) struct Lease {
     pub(super) released: bool,
 }
 
-impl Drop for Lease {
+impl Drop for HeldLease {
     fn drop(&mut self) {
         if self.released {
             return;
@@ -91,7 +91,7 @@ impl Drop for Lease {
         if !self.store.release_in_process(self)
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            let lease = Lease {
+            let lease = HeldLease {
                 store: Arc::clone(&self.store),
                 key: std::mem::take(&mut self.key),
                 released: true,
