@@ -1,7 +1,7 @@
 //! axum (feature `axum`): `#[rate_limit]` on handlers ([`HttpCall`] is an
 //! extractor here, [`Reply`] a response), refusals as responses, and the
 //! [`RateLimitLayer`](crate::tower::RateLimitLayer) (feature `tower`, on
-//! with `axum`) for routers. A thin layer over [`pipeline`]
+//! with `axum`) for routers. A thin layer over the decision pipeline
 //! and [`http`](crate::http).
 //!
 //! Per router, through request extensions:

@@ -36,7 +36,7 @@ pub(crate) const HEADER: &str = ":header:";
 /// The subject tag of `by = arg(..)`.
 pub const ARG: &str = ":arg:";
 /// The subject tag of a middleware's `by_key` closure.
-#[cfg_attr(not(feature = "http"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
 pub(crate) const CLOSURE: &str = ":key:";
 
 /// The header names of every `by = header(..)` rule of the program
@@ -66,13 +66,13 @@ pub(crate) fn key(prefix: &str, name: &str, subject: &str) -> String {
 
 /// The subject of `key`, a key of the rule whose keys start with `base`
 /// (its prefix and name): what follows `base`, with its leading `:`.
-#[cfg_attr(not(feature = "http"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
 pub(crate) fn subject_of<'k>(key: &'k str, base: &str) -> &'k str {
     key.strip_prefix(base).unwrap_or_default()
 }
 
 /// The subject of a middleware's `by_key` closure's `value`.
-#[cfg_attr(not(feature = "http"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
 pub(crate) fn closure_subject(value: &str) -> String {
     let mut subject = String::with_capacity(CLOSURE.len() + value.len().min(MAX_PART + 1));
     subject.push_str(CLOSURE);
@@ -175,7 +175,7 @@ fn hmac_sha1(secret: &[u8], message: &[u8]) -> [u8; 20] {
     outer.digest().bytes()
 }
 
-/// A part already rendered, written as [`push_part`] would (what
+/// A part already rendered, written as `push_part` would (what
 /// `#[rate_limit]` puts in a key for a `{param}`: the rendering happens in
 /// the user's code, so a type that is not `Display` is reported there).
 #[derive(Debug)]

@@ -74,10 +74,14 @@
 //!
 //! A call flows one way: the attribute or an HTTP adapter ([`actix`],
 //! [`axum`], [`tower`]) ->
-//! the decision [`pipeline`] -> the [`RateLimiter`] -> a [`backend`] ->
+//! the decision pipeline -> the [`RateLimiter`] -> a [`backend`] ->
 //! the algorithm's state machine (in Rust, or a Lua script in Redis).
 //! Nothing below the pipeline knows a web framework; [`http`] holds what
-//! every framework shares (client identity, header fields).
+//! every framework shares (client identity, header fields, the request
+//! flow of the middleware and the layer). Beside the pipeline, the registry
+//! knows every rule by name (its overrides, and
+//! [`reset_named`](RateLimiter::reset_named) and its kin), and the key
+//! grammar (`prefix + name + subject`) is written in one module, `keys`.
 #![deny(missing_docs)]
 // The docs link items of every feature (docs.rs builds them all); a build
 // without some features keeps its docs, with those links as plain text.

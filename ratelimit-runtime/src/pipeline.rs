@@ -76,7 +76,7 @@ impl Pass {
     }
 }
 
-/// Checks one call under `site` with the site's limiter ([`Site::limiter`]):
+/// Checks one call under `site` with the site's limiter (`Site::limiter`):
 /// the attribute on a plain async fn.
 pub async fn check(site: &Site, key: &str) -> Result<Pass, RateLimited> {
     check_on(site, site.limiter(), key).await

@@ -33,12 +33,13 @@ struct Registered {
     /// The most units one request under it takes.
     cost: u64,
     /// How many middleware values were built with it (and not renamed since).
+    #[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
     holders: usize,
 }
 
 /// Makes a rule known by name (the middleware does, when built), with the
 /// units one request takes.
-#[cfg_attr(not(feature = "http"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
 pub(crate) fn register(name: &str, rule: Rule, cost: u64) {
     let mut registered = REGISTERED.write().unwrap_or_else(PoisonError::into_inner);
     match registered
@@ -60,7 +61,7 @@ pub(crate) fn register(name: &str, rule: Rule, cost: u64) {
 
 /// Undoes one [`register`]: a middleware renamed, or registered again with
 /// another cost. A name no middleware holds any more is unknown again.
-#[cfg_attr(not(feature = "http"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
 pub(crate) fn unregister(name: &str, rule: Rule) {
     let mut registered = REGISTERED.write().unwrap_or_else(PoisonError::into_inner);
     if let Some(i) = registered

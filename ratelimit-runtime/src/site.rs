@@ -113,7 +113,7 @@ impl Site {
     }
 
     /// The refusal of a per-client rule whose client cannot be told.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
     pub(crate) fn unknown_client(&self) -> RateLimited {
         self.record(Event::Limited);
         RateLimited::unknown_client(self.rule.count()).with_rule(self.rule.period(), self.name)

@@ -1,7 +1,7 @@
 //! actix-web (feature `actix`): `#[rate_limit]` on handlers ([`HttpCall`]
 //! is an extractor here, [`Reply`] a responder), the [`RateLimit`]
 //! middleware, and refusals as responses. A thin layer over
-//! [`pipeline`] (the decision) and [`http`](crate::http)
+//! the decision pipeline and [`http`](crate::http)
 //! (client identity, header fields).
 //!
 //! Per app, through its data:
