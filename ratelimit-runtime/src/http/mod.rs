@@ -6,8 +6,13 @@
 //! this module.
 
 // Alone, without an adapter, the feature builds what the adapters use.
-#![cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
+#![cfg_attr(
+    not(any(feature = "actix", feature = "tower")),
+    allow(dead_code, unused_imports)
+)]
 
+#[cfg(any(feature = "actix", feature = "tower"))]
+pub(crate) mod flow;
 #[cfg(any(feature = "actix", feature = "axum"))]
 pub(crate) mod handler;
 mod headers;
