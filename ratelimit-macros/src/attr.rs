@@ -1,7 +1,7 @@
 //! Parse and validate `#[rate_limit(...)]`: raw tokens in, a checked
 //! [`Config`] out, with every mistake reported at once, each at its token.
 
-use proc_macro2::{Span, TokenStream, TokenTree};
+use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
 use syn::spanned::Spanned;
 use syn::{Attribute, Expr, ExprLit, ExprPath, FnArg, Ident, ItemFn, Lit, Pat, ReturnType, Type};
@@ -137,7 +137,9 @@ impl Config {
         });
         let responds = match &func.sig.output {
             ReturnType::Type(_, ty) => match &**ty {
-                Type::ImplTrait(imp) if mentions(imp.to_token_stream(), RESPONSE_TRAITS) => {
+                Type::ImplTrait(imp)
+                    if crate::fallback::mentions(imp.to_token_stream(), RESPONSE_TRAITS) =>
+                {
                     handler.get_or_insert_with(|| Handler {
                         span: imp.span(),
                         why: format!(
@@ -463,15 +465,6 @@ fn rule_source(raw: &RawArgs, cx: &mut Ctxt) -> Option<RuleSource> {
         count,
         period_ms,
         burst,
-    })
-}
-
-/// Whether `tokens` name any of `idents`.
-pub(crate) fn mentions(tokens: TokenStream, idents: &[&str]) -> bool {
-    tokens.into_iter().any(|tree| match tree {
-        TokenTree::Ident(ident) => idents.iter().any(|name| ident == name),
-        TokenTree::Group(group) => mentions(group.stream(), idents),
-        _ => false,
     })
 }
 

@@ -386,7 +386,7 @@ fn reject(
             // `impl` in it cannot be named; inference finds it.
             return match &func.sig.output {
                 ReturnType::Type(_, ty)
-                    if crate::attr::mentions(ty.to_token_stream(), &["impl"]) =>
+                    if crate::fallback::mentions(ty.to_token_stream(), &["impl"]) =>
                 {
                     quote_spanned!(ty.span()=> return #rt::reject(__ratelimit_limited))
                 }
