@@ -196,26 +196,6 @@ fn load_targets(load: &Load, out: &mut String) {
             );
         }
     }
-    for a in load.algorithms("ratelimit") {
-        if a == "concurrency" {
-            continue;
-        }
-        let server = load.field("ratelimit", &a, 1, "redis_usec_per_call");
-        let against = server / peer(1, "redis_usec_per_call");
-        let _ = writeln!(
-            out,
-            "| Server CPU of a lone {a} check ({server:.2} µs) against the peer's pipeline | ≤ 2.00x | {against:.2}x | {} |",
-            met(against <= 2.0)
-        );
-    }
-    let ours = load.field("ratelimit", "fixed_window", 1, "redis_usec_per_call");
-    let seed = load.field(SEED, "fixed_window", 1, "redis_usec_per_call");
-    let _ = writeln!(
-        out,
-        "| Server CPU of a lone fixed-window check against the seeds' INCR + PEXPIRE script ({seed:.2} µs) | ≤ 1.50x | {:.2}x | {} |",
-        ours / seed,
-        met(ours / seed <= 1.5)
-    );
     for c in [64, 256] {
         for a in load.algorithms("ratelimit-cluster") {
             let coalesced = load.field("ratelimit-cluster", &a, c, "ops_per_sec");
@@ -256,6 +236,36 @@ fn load_targets(load: &Load, out: &mut String) {
     }
 }
 
+/// The server's CPU time of a lone check, in one sentence (the targets on
+/// it are explained under "Where the targets are missed").
+fn lone_server_cpu(load: &Load, out: &mut String) {
+    let servers: Vec<f64> = load
+        .algorithms("ratelimit")
+        .iter()
+        .filter(|a| *a != "concurrency")
+        .map(|a| load.field("ratelimit", a, 1, "redis_usec_per_call"))
+        .filter(|us| us.is_finite())
+        .collect();
+    let peer = load.field(PEER, "fixed_window", 1, "redis_usec_per_call");
+    let seed = load.field(SEED, "fixed_window", 1, "redis_usec_per_call");
+    let ours = load.field("ratelimit", "fixed_window", 1, "redis_usec_per_call");
+    let (Some(low), Some(high)) = (
+        servers.iter().copied().reduce(f64::min),
+        servers.iter().copied().reduce(f64::max),
+    ) else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "A lone check (1 task) costs the Redis server {low:.1}-{high:.1} µs of CPU by algorithm: \
+         {:.1}-{:.1}x the peer's pipeline ({peer:.2} µs; aim ≤ 2x) and, for the fixed window, \
+         {:.2}x the seeds' INCR + PEXPIRE script ({seed:.2} µs; aim ≤ 1.5x).\n",
+        low / peer,
+        high / peer,
+        ours / seed,
+    );
+}
+
 fn memory_targets(versus: &[Value], footprint: &[Value], out: &mut String) {
     for run in versus {
         let (algorithm, order) = (text(run, "algorithm"), text(run, "order"));
@@ -294,53 +304,60 @@ fn memory_targets(versus: &[Value], footprint: &[Value], out: &mut String) {
     }
 }
 
-fn http_rows(http: &[Value]) -> BTreeMap<(String, String, String, u64), BTreeMap<String, &Value>> {
-    let mut configs: BTreeMap<(String, String, String, u64), BTreeMap<String, &Value>> =
-        BTreeMap::new();
-    for run in http {
-        let key = (
-            text(run, "framework"),
-            text(run, "backend"),
-            text(run, "headers"),
-            run["connections"].as_u64().unwrap_or(0),
-        );
-        configs
-            .entry(key)
-            .or_default()
-            .insert(text(run, "endpoint"), run);
+/// What an endpoint of the HTTP bench is, by framework.
+fn endpoint_name(framework: &str, endpoint: &str) -> String {
+    match (framework, endpoint) {
+        ("axum", "peer") => "tower_governor".to_owned(),
+        ("actix", "peer") => "actix-governor".to_owned(),
+        (_, "layer") => "our `RateLimitLayer`".to_owned(),
+        (_, "middleware") => "our `RateLimit` middleware".to_owned(),
+        (_, "attribute" | "limited") => "our attribute".to_owned(),
+        (_, other) => other.to_owned(),
     }
-    configs
+}
+
+/// A ratio, or "-" when the run has none.
+fn against(run: &Value, field: &str) -> String {
+    run[field]
+        .as_f64()
+        .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}x"))
 }
 
 fn http_targets(http: &[Value], out: &mut String) {
-    for ((framework, backend, headers, connections), endpoints) in http_rows(http) {
-        let (Some(plain), Some(limited)) = (endpoints.get("plain"), endpoints.get("limited"))
-        else {
+    for run in http {
+        let (framework, backend, endpoint, headers) = (
+            text(run, "framework"),
+            text(run, "backend"),
+            text(run, "endpoint"),
+            text(run, "headers"),
+        );
+        if endpoint == "plain" || endpoint == "peer" {
             continue;
-        };
+        }
         if backend == "memory" {
-            for name in ["limited", "layer"] {
-                let Some(limited) = endpoints.get(name) else {
-                    continue;
-                };
-                let share = number(limited, "requests_per_sec") / number(plain, "requests_per_sec");
-                let what = if name == "layer" {
-                    "RateLimitLayer"
-                } else {
-                    "attribute"
-                };
-                let _ = writeln!(
-                    out,
-                    "| HTTP, {framework}, memory, {what}, headers {headers}, {connections} connections: limited against unlimited requests/s | ≥ 0.95x | {share:.2}x | {} |",
-                    met(share >= 0.95)
-                );
-            }
-        } else {
+            let aim = if headers == "none" { 1.0 } else { 0.97 };
+            let ratio = number(run, "against_peer");
             let _ = writeln!(
                 out,
-                "| HTTP, {framework}, Redis, {connections} connection(s): latency added over the unlimited endpoint, p50 / p99 | reported | {:+.0} / {:+.0} µs | - |",
-                number(limited, "p50_us") - number(plain, "p50_us"),
-                number(limited, "p99_us") - number(plain, "p99_us"),
+                "| HTTP in memory, {framework}, {}, headers {headers}: requests/s against {} (median of the per-round ratios) | ≥ {aim:.2}x | {ratio:.2}x | {} |",
+                endpoint_name(&framework, &endpoint),
+                endpoint_name(&framework, "peer"),
+                met(ratio >= aim)
+            );
+        } else {
+            let plain = http.iter().find(|p| {
+                text(p, "framework") == framework
+                    && text(p, "backend") == backend
+                    && p["connections"] == run["connections"]
+                    && text(p, "endpoint") == "plain"
+            });
+            let Some(plain) = plain else { continue };
+            let _ = writeln!(
+                out,
+                "| HTTP, {framework}, Redis, {} connection(s): latency added over the unlimited endpoint, p50 / p99 | reported | {:+.0} / {:+.0} µs | - |",
+                run["connections"],
+                number(run, "p50_us") - number(plain, "p50_us"),
+                number(run, "p99_us") - number(plain, "p99_us"),
             );
         }
     }
@@ -353,24 +370,31 @@ fn http_section(http: &[Value], out: &mut String) {
     let _ = writeln!(
         out,
         "### HTTP\n\n\
-         | framework | backend | headers | connections | endpoint | requests/s | p50 / p99 µs | server CPU per request |\n\
-         |---|---|---|---:|---|---:|---:|---:|"
+         The same trivial handler; in memory each limit per peer IP and never \
+         reached. Ratios are the medians of the per-round ratios of requests/s.\n\n\
+         | framework | backend | connections | endpoint | headers | requests/s | p50 / p99 µs | server CPU per request | against plain | against the peer |\n\
+         |---|---|---:|---|---|---:|---:|---:|---:|---:|"
     );
-    for ((framework, backend, headers, connections), endpoints) in http_rows(http) {
-        for (endpoint, run) in endpoints {
-            let cpu: Vec<f64> = run["server_cpu_us_per_request"]
-                .as_array()
-                .map(|all| all.iter().filter_map(Value::as_f64).collect())
-                .unwrap_or_default();
-            let cpu = cpu.iter().sum::<f64>() / cpu.len().max(1) as f64;
-            let _ = writeln!(
-                out,
-                "| {framework} | {backend} | {headers} | {connections} | {endpoint} | {} | {} / {} | {cpu:.1} µs |",
-                count(number(run, "requests_per_sec")),
-                number(run, "p50_us"),
-                number(run, "p99_us"),
-            );
-        }
+    for run in http {
+        let framework = text(run, "framework");
+        let cpu: Vec<f64> = run["server_cpu_us_per_request"]
+            .as_array()
+            .map(|all| all.iter().filter_map(Value::as_f64).collect())
+            .unwrap_or_default();
+        let cpu = cpu.iter().sum::<f64>() / cpu.len().max(1) as f64;
+        let _ = writeln!(
+            out,
+            "| {framework} | {} | {} | {} | {} | {} | {} / {} | {cpu:.1} µs | {} | {} |",
+            text(run, "backend"),
+            run["connections"],
+            endpoint_name(&framework, &text(run, "endpoint")),
+            text(run, "headers"),
+            count(number(run, "requests_per_sec")),
+            number(run, "p50_us"),
+            number(run, "p99_us"),
+            against(run, "against_plain"),
+            against(run, "against_peer"),
+        );
     }
     let _ = writeln!(out);
 }
@@ -409,6 +433,7 @@ fn main() {
     memory_targets(&versus, &footprint, &mut out);
     http_targets(&http, &mut out);
     let _ = writeln!(out);
+    lone_server_cpu(&load, &mut out);
     redis_section(&load, &mut out);
     http_section(&http, &mut out);
     print!("{out}");

@@ -101,7 +101,7 @@ async fn main() -> ExitCode {
 
 async fn inspect(rule: &str, written: &str) -> Result<String, String> {
     let (limiter, backend) = support::limiter().await.map_err(|e| e.to_string())?;
-    let subject = key_subject(&limiter, written);
+    let subject = key_subject(&limiter, written)?;
     let mut report = format!("budgets kept in {backend}\n");
     if std::env::var_os("REDIS_URL").is_none() {
         report += &spend(&limiter, rule, written, 2).await?;
@@ -116,14 +116,16 @@ async fn inspect(rule: &str, written: &str) -> Result<String, String> {
 
 /// A header subject with a value in clear gets the value's digest, as the
 /// servers' keys hold it (with the limiter's key secret, as they use).
-fn key_subject(limiter: &RateLimiter, subject: &str) -> String {
+fn key_subject(limiter: &RateLimiter, subject: &str) -> Result<String, String> {
     if let Some(rest) = subject.strip_prefix("header:")
         && let Some((name, value)) = rest.split_once(':')
         && !is_digest(value)
     {
-        return HttpOptions::new().subject_of_header(limiter, name, value);
+        return HttpOptions::new()
+            .subject_of_header(limiter, name, value)
+            .map_err(|e| e.to_string());
     }
-    subject.to_owned()
+    Ok(subject.to_owned())
 }
 
 fn is_digest(value: &str) -> bool {

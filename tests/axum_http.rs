@@ -642,7 +642,9 @@ async fn an_operator_resets_a_budget_by_rule_name_and_subject() {
         let reply = get_from(ONE, addr, "/api", &[("x-api-key", "k1")]).await;
         assert_eq!(reply.status, expected);
     }
-    let subject = options.subject_of_header(&limiter, "x-api-key", "k1");
+    let subject = options
+        .subject_of_header(&limiter, "x-api-key", "k1")
+        .unwrap();
     let peeked = limiter.peek_named("axum_api", &subject).await.unwrap();
     assert!(!peeked.allowed, "{peeked:?}");
     let whole = limiter.reset_named("axum_api", &subject).await.unwrap();
@@ -803,7 +805,9 @@ async fn the_layer_picks_a_tier_per_request() {
         refused.header("ratelimit").unwrap().contains("axum_pro"),
         "{refused:?}"
     );
-    let subject = HttpOptions::new().subject_of_header(&limiter, "x-api-key", "a");
+    let subject = HttpOptions::new()
+        .subject_of_header(&limiter, "x-api-key", "a")
+        .unwrap();
     limiter.reset_named("axum_pro", &subject).await.unwrap();
     assert_eq!(get_from(ONE, addr, "/t", pro).await.status, 200);
 }
@@ -840,7 +844,11 @@ async fn a_shared_store_needs_a_key_secret_chosen_at_start_up() {
         .unwrap();
     let memory = RateLimiter::builder().build().await.unwrap();
     let options = HttpOptions::new();
-    let subject = |limiter: &RateLimiter| options.subject_of_header(limiter, "x-api-key", "k1");
+    let subject = |limiter: &RateLimiter| {
+        options
+            .subject_of_header(limiter, "x-api-key", "k1")
+            .unwrap()
+    };
     assert_ne!(subject(&public), subject(&ours));
     assert_ne!(subject(&memory), subject(&public), "not the public secret");
     assert_eq!(

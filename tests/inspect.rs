@@ -106,6 +106,9 @@ async fn serve(limiter: RateLimiter) -> SocketAddr {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn it_reads_in_redis_what_a_server_counted_and_counts_nothing() {
+    // Built before anything is counted: a build can outlast the rules'
+    // 10 s windows on a busy machine, and the budgets read would be whole.
+    tokio::task::spawn_blocking(inspect_binary).await.unwrap();
     let redis = RedisServer::start();
     let limiter = RateLimiter::builder()
         .redis(redis.url())
@@ -217,4 +220,19 @@ fn an_unknown_rule_is_an_error_that_lists_the_rules() {
         String::from_utf8_lossy(&usage.stderr)
             .contains("usage: cargo run --example inspect -- RULE [SUBJECT]")
     );
+}
+
+#[test]
+fn it_prints_where_budgets_are_without_the_password() {
+    let server = ratelimit_test_support::acl_server();
+    let url = format!("redis://limiter:s3cret@127.0.0.1:{}/", server.port());
+    let report = stdout(&run(Some(&url), &["ip_limit_test", "ip:127.0.0.1"]));
+    assert!(
+        report.starts_with(&format!(
+            "budgets kept in Redis at redis://limiter:***@127.0.0.1:{}/",
+            server.port()
+        )),
+        "{report}"
+    );
+    assert!(!report.contains("s3cret"), "{report}");
 }

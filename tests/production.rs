@@ -277,12 +277,21 @@ async fn batching(url: &str, lazy: bool) -> RedisBackend {
 /// sends the batches answers each by its deadline. With Redis paused, far
 /// more checks than the batches in flight hold (8 of 128): the first
 /// batches time out in Redis, the checks queued behind them in the queue,
-/// all within about one deadline (sent batch after batch, the last would
-/// wait 20 deadlines).
+/// each with its deadline's error and all within a few deadlines. Sent
+/// batch after batch, the last would wait 20 deadlines (10 s): the bounds
+/// (4 deadlines a check, 8 for all) leave room for a loaded machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_fails_every_batched_check_by_its_deadline() {
+    const PAUSED_DEADLINE: Duration = Duration::from_millis(500);
     let server = RedisServer::start();
-    let backend = batching(&server.url(), false).await;
+    let options = ConnectOptions {
+        timeout: PAUSED_DEADLINE,
+        ..ConnectOptions::default()
+    };
+    let backend = RedisBackend::open(&server.url(), options)
+        .await
+        .expect("connecting to the test redis-server")
+        .batch_every_check();
     let rule = Rule::fixed_window(1_000_000, Duration::from_secs(60));
     assert!(
         backend
@@ -298,16 +307,26 @@ async fn a_paused_redis_fails_every_batched_check_by_its_deadline() {
         .map(|i| {
             let backend = backend.clone();
             tokio::spawn(async move {
-                timed(backend.check(&rule, &format!("limiter:batched:{i}"), 1)).await
+                let started = Instant::now();
+                let answer = backend
+                    .check(&rule, &format!("limiter:batched:{i}"), 1)
+                    .await;
+                (answer, started.elapsed())
             })
         })
         .collect();
     for check in checks {
-        let answer = check.await.expect("no check panicked");
-        assert!(matches!(answer, Err(Error::Backend(_))), "{answer:?}");
+        let (answer, took) = check.await.expect("no check panicked");
+        let error = answer.expect_err("Redis is paused").to_string();
+        assert!(
+            error.contains("did not answer within 500 ms")
+                || error.contains("longer than its deadline (500ms)"),
+            "{error}"
+        );
+        assert!(took < 4 * PAUSED_DEADLINE, "a check took {took:?}");
     }
     assert!(
-        started.elapsed() < Duration::from_secs(1),
+        started.elapsed() < 8 * PAUSED_DEADLINE,
         "20,000 checks took {:?}",
         started.elapsed()
     );

@@ -30,6 +30,7 @@ impl std::fmt::Debug for Failure {
 
 use std::io;
 
+use ratelimit_runtime::backend::redis::redact_url;
 use ratelimit_runtime::{
     ClientHeader, HeaderStyle, HttpOptions, RateLimited, RateLimiter, RateLimiterBuilder,
 };
@@ -117,7 +118,8 @@ pub(crate) async fn limiter() -> io::Result<(RateLimiter, String)> {
     let backend = match std::env::var("REDIS_URL") {
         Ok(url) => {
             builder = builder.redis(url.as_str());
-            format!("Redis at {url}")
+            // Printed: without its password.
+            format!("Redis at {}", redact_url(&url))
         }
         Err(_) => "process memory (set REDIS_URL to share budgets through Redis)".to_owned(),
     };

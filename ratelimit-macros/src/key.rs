@@ -158,17 +158,28 @@ pub(crate) fn key_template(lit: &LitStr, func: &ItemFn, parts: &mut Vec<Part>, c
 /// Why `{previous}` and `{name}` cannot stand with only `between` between
 /// them.
 fn adjacent(previous: &str, name: &str, between: &str) -> String {
-    let (shown, sep) = match between {
-        "" => ("nothing".to_owned(), ""),
-        text => (format!("only `{text}`"), text),
+    let why = match between {
+        "" => "with nothing between them, values (\"ab\", \"c\") and (\"a\", \"bc\") make \
+               the same key, so one caller could spend another's budget"
+            .to_owned(),
+        // `~` is never kept in a value: it only starts a digest (`~` and
+        // hex digits), so no pair of values shows a collision.
+        text if text.contains('~') => format!(
+            "with only `{text}` between them: `~` is not kept in a value, but it starts \
+             the digest (`~` and 32 hex digits) that replaces one, so it is no character \
+             values never hold"
+        ),
+        text => format!(
+            "with only `{text}` between them, values (\"a{text}b\", \"c\") and \
+             (\"a\", \"b{text}c\") make the same key, so one caller could spend another's \
+             budget"
+        ),
     };
     format!(
         "`{{{previous}}}` and `{{{name}}}` in `key` need a separator between them, such as \
-         `:`: with {shown} between them, values (\"a{sep}b\", \"c\") and (\"a\", \"b{sep}c\") \
-         make the same key, so one caller could spend another's budget. A value is kept as \
-         written when made of letters, digits and `{KEPT_PUNCTUATION}`, and replaced by its \
-         digest otherwise, so any other character (`:`, `#`, a space) never appears in one: \
-         write `{{{previous}}}:{{{name}}}`"
+         `:`: {why}. A value is kept as written when made of letters, digits and \
+         `{KEPT_PUNCTUATION}`, and replaced by its digest otherwise, so any other character \
+         (`:`, `#`, a space) never appears in one: write `{{{previous}}}:{{{name}}}`"
     )
 }
 

@@ -28,6 +28,53 @@ impl Decision {
     }
 }
 
+/// What one allowed call took from its budget, from
+/// [`Permit::charge`](crate::Permit::charge): its units, and what counted
+/// them, so that [`RateLimiter::refund`](crate::RateLimiter::refund) gives
+/// them back there and nowhere else: to the fixed window they were counted
+/// in, to the sliding window's count that holds them, as the sliding log's
+/// own entry, or into the bucket (token bucket, GCRA) they were taken from.
+/// Once that has gone (a later window, a reset, a bucket full again, the
+/// entry out of the window) a refund gives nothing back.
+///
+/// A refund that failed (a timeout, say) may still have been made: giving
+/// the same charge back again may give its units back twice.
+///
+/// A state is told from the one it replaced by when it began, to the
+/// microsecond: a reset and a new call within the microsecond of the
+/// charged call (in process memory on a clock that stands still, say a
+/// `ManualClock`) leave the new state taken for the charged one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Charge {
+    units: u64,
+    stamp: Option<u64>,
+    /// Counted by the in-process insurance limiter (the backend had failed).
+    pub(crate) local: bool,
+}
+
+impl Charge {
+    pub(crate) fn new(units: u64, stamp: Option<u64>, local: bool) -> Charge {
+        Charge {
+            units,
+            stamp,
+            local,
+        }
+    }
+
+    /// The units taken: what a refund gives back.
+    pub fn units(&self) -> u64 {
+        self.units
+    }
+
+    /// What counted them, in µs of the backend's clock: a fixed window's
+    /// end, a sliding log entry's time, or (a sliding window, a bucket) the
+    /// time of the call. `None` for a custom backend's charge: it is given
+    /// the units alone.
+    pub fn stamp(&self) -> Option<u64> {
+        self.stamp
+    }
+}
+
 /// Why a call was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -40,6 +87,11 @@ pub enum Cause {
     /// A per-client rule could not tell who the client is (no usable
     /// address) and the limiter is set to refuse such requests.
     UnknownClient,
+    /// The call's key needs what the limiter was not given: a key secret
+    /// for the digests in keys of a store other instances share (see
+    /// [`RateLimiterBuilder::key_secret`](crate::RateLimiterBuilder::key_secret)).
+    /// The server is at fault, not the client (HTTP answers 500).
+    Misconfigured,
 }
 
 /// The error of a call that was rate limited: what was exceeded, and when to
@@ -110,6 +162,15 @@ impl RateLimited {
         }
     }
 
+    /// A refusal because the limiter lacks what the call's key needs (a key
+    /// secret for a shared store): [`Cause::Misconfigured`].
+    pub fn misconfigured(limit: u64) -> RateLimited {
+        RateLimited {
+            cause: Cause::Misconfigured,
+            ..RateLimited::backend_unavailable(limit)
+        }
+    }
+
     /// A refusal because the backend failed under the `deny` policy. Retry
     /// after a second: the limiter, not the client, has to recover.
     pub fn backend_unavailable(limit: u64) -> RateLimited {
@@ -146,6 +207,11 @@ impl fmt::Display for RateLimited {
             }
             Cause::UnknownClient => {
                 return f.write_str("cannot tell who the client is; call refused");
+            }
+            Cause::Misconfigured => {
+                return f.write_str(
+                    "rate limiter misconfigured (no key secret for a shared store); call refused",
+                );
             }
             Cause::OverLimit => {}
         }

@@ -115,7 +115,7 @@ pub mod tower;
 
 pub use backend::Backend;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use decision::{Cause, Decision, RateLimited};
+pub use decision::{Cause, Charge, Decision, RateLimited};
 pub use error::{Error, OnError};
 pub use limiter::{Permit, RateLimiter, RateLimiterBuilder};
 pub use rule::{Algorithm, Rule};

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
-use crate::decision::Decision;
+use crate::decision::{Charge, Decision};
 use crate::error::Error;
 use crate::keys;
 use crate::limiter::RateLimiter;
@@ -331,9 +331,9 @@ impl RateLimiter {
         &self,
         name: &str,
         subject: &str,
-        units: u64,
+        charge: Charge,
     ) -> Result<Decision, Error> {
         let (rule, key) = named(name, subject)?.swap_remove(0);
-        self.refund(&rule, &key, units).await
+        self.refund(&rule, &key, charge).await
     }
 }

@@ -9,7 +9,9 @@ use std::fmt;
 use std::hash::{BuildHasher, Hasher as _, RandomState};
 use std::sync::Arc;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::error::Error;
+use crate::site::LogGate;
 
 /// The secret of the keyed digests in keys
 /// ([`keys::push_digest`](crate::keys::push_digest)). Its `Debug` says
@@ -21,10 +23,11 @@ pub(crate) enum KeySecret {
     /// A random one made once per process: enough for a store in process
     /// memory, which no other process reads.
     Process,
-    /// [`Process`](KeySecret::Process), for a store other processes share
-    /// though the application set no secret (and has no `by = header(..)`
-    /// attribute, or `build` would have refused): digests then differ
-    /// between instances, which is said once, at the first one.
+    /// None, for a store other processes share though the application set
+    /// no secret (and has no `by = header(..)` attribute, or `build` would
+    /// have refused): a request whose key needs a digest is refused (a
+    /// random secret per process would give each instance budgets of its
+    /// own in the shared store).
     Missing,
     /// The built-in public secret the application opted into
     /// (`RateLimiterBuilder::public_key_secret`): the same everywhere, so
@@ -36,26 +39,44 @@ pub(crate) enum KeySecret {
 const PUBLIC: &[u8] = b"ratelimit-runtime key digest v1";
 
 impl KeySecret {
-    /// The secret's bytes.
-    pub(crate) fn bytes(&self) -> &[u8] {
+    /// The secret's bytes; [`Error::Config`] when the store is shared and
+    /// no secret was chosen.
+    pub(crate) fn bytes(&self) -> Result<&[u8], Error> {
         match self {
-            KeySecret::Given(secret) => secret,
-            KeySecret::Process => process_secret(),
-            KeySecret::Missing => {
-                static SAID: AtomicBool = AtomicBool::new(false);
-                if !SAID.swap(true, Ordering::Relaxed) {
-                    tracing::error!(
-                        "a rate limit digests a header value or a client address into a key \
-                         of a store other instances share, and no key secret is set: this \
-                         process digests with a random secret of its own, so instances do not \
-                         share these budgets. Set RateLimiterBuilder::key_secret (the same on \
-                         every instance, from your secret store)"
-                    );
-                }
-                process_secret()
-            }
-            KeySecret::Public => PUBLIC,
+            KeySecret::Given(secret) => Ok(secret),
+            KeySecret::Process => Ok(process_secret()),
+            KeySecret::Missing => Err(Error::Config(MISSING.to_owned())),
+            KeySecret::Public => Ok(PUBLIC),
         }
+    }
+
+    /// Whether the store is shared and no secret was chosen.
+    pub(crate) fn is_missing(&self) -> bool {
+        matches!(self, KeySecret::Missing)
+    }
+}
+
+/// What a missing secret is told with.
+pub(crate) const MISSING: &str = "a rate limit keys by a request header (`by_header`) or by a digested \
+    client address (`HttpOptions::digest_client_ips`), and the limiter keeps its budgets in \
+    a store other instances share without a key secret: set RateLimiterBuilder::key_secret \
+    (the same on every instance, read from your secret store or the environment), or \
+    .public_key_secret(true) to accept the built-in public one. Until then such requests \
+    are refused";
+
+/// Logs `error` (a missing key secret met by a request, `what` naming the
+/// rule): the first, then at most one line every
+/// [`LogGate::EVERY_MS`](crate::site::LogGate::EVERY_MS), with how many
+/// were held back.
+pub(crate) fn log_missing(error: &Error, what: &str) {
+    static GATE: LogGate = LogGate::new();
+    if let Some(unlogged) = GATE.admit(crate::site::process_millis()) {
+        tracing::error!(
+            %error,
+            rule = what,
+            unlogged,
+            "request refused (at most one line per 10 s; `unlogged`: those since the last line)"
+        );
     }
 }
 
@@ -63,7 +84,8 @@ impl fmt::Debug for KeySecret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             KeySecret::Given(_) => "KeySecret(given, redacted)",
-            KeySecret::Process | KeySecret::Missing => "KeySecret(random per process)",
+            KeySecret::Process => "KeySecret(random per process)",
+            KeySecret::Missing => "KeySecret(missing)",
             KeySecret::Public => "KeySecret(public built-in)",
         })
     }
@@ -86,11 +108,17 @@ pub(crate) fn process_secret() -> &'static [u8] {
 }
 
 /// `url` with its password (and any `password=`/`pass=` parameter) replaced
-/// by `***`, for errors and `Debug`: `redis://user:***@host:6379/`. Works on
-/// malformed URLs too (everything before the last `@` but a user name is
-/// taken for credentials).
+/// by `***`, to print: `redis://user:***@host:6379/`. Works on malformed
+/// URLs too (everything before the last `@` but a user name is taken for
+/// credentials). The crate's errors and `Debug` print URLs so.
+///
+/// ```
+/// use ratelimit_runtime::backend::redis::redact_url;
+///
+/// assert_eq!(redact_url("redis://app:hunter2@db:6379/0"), "redis://app:***@db:6379/0");
+/// ```
 #[cfg(feature = "redis")]
-pub(crate) fn redact_url(url: &str) -> String {
+pub fn redact_url(url: &str) -> String {
     let (scheme, rest) = match url.find("://") {
         Some(at) => url.split_at(at + 3),
         None => ("", url),

@@ -119,6 +119,14 @@ impl Site {
         RateLimited::unknown_client(self.rule.count()).with_rule(self.rule.period(), self.name)
     }
 
+    /// The refusal of a call whose key needs what the limiter lacks (a key
+    /// secret for a shared store): `error` is logged, rate limited.
+    pub fn misconfigured(&self, error: &crate::error::Error) -> RateLimited {
+        self.record(Event::Limited);
+        crate::secret::log_missing(error, self.name);
+        RateLimited::misconfigured(self.rule.count()).with_rule(self.rule.period(), self.name)
+    }
+
     /// Whether to log this shadow refusal: the first, then at most one
     /// every [`LogGate::EVERY_MS`]; `Some(n)` with the `n` left unlogged
     /// since the last line. (The counter `shadow_limited` counts them all.)
@@ -176,7 +184,7 @@ impl Event {
 }
 
 /// Milliseconds since the first call in this process.
-fn process_millis() -> u64 {
+pub(crate) fn process_millis() -> u64 {
     static ORIGIN: OnceLock<Instant> = OnceLock::new();
     ORIGIN.get_or_init(Instant::now).elapsed().as_millis() as u64
 }

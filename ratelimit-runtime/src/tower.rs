@@ -122,7 +122,13 @@ impl RateLimitLayer {
 impl<S> Layer<S> for RateLimitLayer {
     type Service = LimitedService<S>;
 
+    /// Logs an error when the layer's keys need a key secret its limiter
+    /// (else the installed global one) lacks: its requests are refused
+    /// with 500 until the limiter has one.
     fn layer(&self, inner: S) -> LimitedService<S> {
+        let _ = self
+            .inner
+            .check_secret(self.limiter.as_ref(), self.options.as_deref());
         LimitedService {
             inner,
             sites: Arc::new(Sites::new(&self.inner)),

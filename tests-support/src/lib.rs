@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 
 mod cargo;
 mod managed;
+mod migration;
 mod proxy;
 pub use cargo::cargo;
 pub use managed::{MASTER_NAME, SentinelSet, TestCa, TlsServer, acl_server};
+pub use migration::Migration;
 pub use proxy::Proxy;
 
 /// Where to find `redis-server`: `$RATELIMIT_REDIS_SERVER`, else `redis-server` on `PATH`.
@@ -66,10 +68,20 @@ impl RedisServer {
 
     /// Starts a server again on the port it had (after [`kill`](Self::kill)).
     pub fn restart(&mut self) {
+        self.restart_with_args(&[]);
+    }
+
+    /// Kills the server and starts one with extra arguments on its port
+    /// (`--rename-command FCALL ""`: a server without a command).
+    ///
+    /// # Panics
+    ///
+    /// If no server answers on the port within 10 s.
+    pub fn restart_with_args(&mut self, extra: &[&str]) {
         self.kill();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            match RedisServer::try_start(self.port, &[]) {
+            match RedisServer::try_start(self.port, extra) {
                 Ok(mut server) => {
                     // Swap the new process in; the old handle (same port, same
                     // folder) must not delete what the new one uses.
@@ -184,14 +196,16 @@ impl RedisServer {
 
     /// The state a script keeps in a string key: its tag (`'F'`, `'W'`,
     /// `'T'`, `'G'`) and its numbers (big-endian doubles after the header
-    /// `"rl\x01"` and the tag), or `None` when the key holds no such state.
+    /// `"rl"`, the format's version and the tag), or `None` when the key
+    /// holds no such state.
     pub fn stored_state(&self, key: &str) -> Option<(char, Vec<f64>)> {
         let bytes: Option<Vec<u8>> = redis::cmd("GET")
             .arg(key)
             .query(&mut self.connection())
             .expect("GET");
         let bytes = bytes?;
-        let (&tag, numbers) = bytes.strip_prefix(b"rl\x01")?.split_first()?;
+        let (_version, rest) = bytes.strip_prefix(b"rl")?.split_first()?;
+        let (&tag, numbers) = rest.split_first()?;
         if numbers.len() % 8 != 0 {
             return None;
         }
@@ -598,68 +612,6 @@ impl RedisCluster {
             assert!(
                 Instant::now() < deadline,
                 "the nodes did not learn {address}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Moves the slot of `key`, which must hold no key, to the master on
-    /// `to`, as `redis-cli --cluster reshard` would (importing, migrating,
-    /// then assigned on every master), and waits until every master says
-    /// `to` serves it.
-    ///
-    /// # Panics
-    ///
-    /// If a node refuses a step, or the masters do not agree within 10 s.
-    pub fn move_empty_slot(&self, key: &str, to: u16) {
-        let from = self.master_for(key);
-        let id = |port: u16| -> String {
-            redis::cmd("CLUSTER")
-                .arg("MYID")
-                .query(&mut self.node(port).connection())
-                .expect("CLUSTER MYID")
-        };
-        let (from_id, to_id) = (id(from), id(to));
-        let slot: i64 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(key)
-            .query(&mut self.node(to).connection())
-            .expect("CLUSTER KEYSLOT");
-        let set = |port: u16, args: &[&str]| {
-            let _: () = redis::cmd("CLUSTER")
-                .arg("SETSLOT")
-                .arg(slot)
-                .arg(args)
-                .query(&mut self.node(port).connection())
-                .unwrap_or_else(|e| panic!("CLUSTER SETSLOT {slot} {args:?} on {port}: {e}"));
-        };
-        set(to, &["IMPORTING", &from_id]);
-        set(from, &["MIGRATING", &to_id]);
-        set(to, &["NODE", &to_id]);
-        set(from, &["NODE", &to_id]);
-        for port in self.masters() {
-            if port != to && port != from {
-                set(port, &["NODE", &to_id]);
-            }
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.masters().into_iter().any(|port| {
-            let nodes: String = redis::cmd("CLUSTER")
-                .arg("NODES")
-                .query(&mut self.node(port).connection())
-                .unwrap_or_default();
-            !nodes.lines().any(|line| {
-                line.starts_with(&to_id)
-                    && line.split(' ').skip(8).any(|range| {
-                        let (lo, hi) = range.split_once('-').unwrap_or((range, range));
-                        matches!((lo.parse::<i64>(), hi.parse::<i64>()),
-                            (Ok(lo), Ok(hi)) if (lo..=hi).contains(&slot))
-                    })
-            })
-        }) {
-            assert!(
-                Instant::now() < deadline,
-                "the masters did not agree on slot {slot}"
             );
             std::thread::sleep(Duration::from_millis(50));
         }

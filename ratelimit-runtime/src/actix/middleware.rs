@@ -81,7 +81,14 @@ where
     type InitError = ();
     type Future = Ready<Result<Self::Transform, Self::InitError>>;
 
+    /// Fails (so the server does not start) when the middleware keys by a
+    /// header and the installed global limiter keeps its budgets in a
+    /// shared store without a key secret; a limiter from app data is
+    /// checked by its requests (refused with 500).
     fn new_transform(&self, service: S) -> Self::Future {
+        if self.inner.check_secret(None, None).is_err() {
+            return ready(Err(()));
+        }
         ready(Ok(RateLimitService {
             service: Rc::new(service),
             sites: Arc::new(Sites::new(&self.inner)),

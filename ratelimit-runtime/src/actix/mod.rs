@@ -162,6 +162,7 @@ impl ResponseError for RateLimited {
             Cause::OverLimit => StatusCode::TOO_MANY_REQUESTS,
             Cause::BackendUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Cause::UnknownClient => StatusCode::BAD_REQUEST,
+            Cause::Misconfigured => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 

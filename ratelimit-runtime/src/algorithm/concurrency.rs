@@ -8,6 +8,11 @@ use crate::rule::Rule;
 /// concurrency.lua).
 const LEASE_WALK: usize = 1024;
 
+/// The most dead leases one call removes, the oldest first (`TRIM` in
+/// concurrency.lua): a dead lease of several units left for a later call
+/// holds its units beyond the first until then, as in Redis.
+const TRIM: usize = 1024;
+
 /// Takes `cost` units of a concurrency rule for lease `id` until
 /// `now + period`, unless released sooner.
 pub(crate) fn acquire(
@@ -24,8 +29,16 @@ pub(crate) fn acquire(
     let Some(State::Concurrency(leases)) = slot else {
         unreachable!("set just above")
     };
-    leases.retain(|lease| lease.expires > now);
-    let held: u64 = leases.iter().map(|l| l.cost).sum();
+    let mut trimmed = 0;
+    leases.retain(|lease| {
+        let dead = lease.expires <= now;
+        trimmed += usize::from(dead);
+        !dead || trimmed > TRIM
+    });
+    let held: u64 = leases
+        .iter()
+        .map(|l| if l.expires > now { l.cost } else { l.cost - 1 })
+        .sum();
     let allowed = held + cost <= count;
     if allowed {
         leases.push(Lease {
@@ -44,20 +57,24 @@ pub(crate) fn acquire(
         // among the first LEASE_WALK leases only (so is it in Redis); past
         // them, by when the last lease ends all have.
         let mut units = 0;
-        leases
-            .iter()
+        let live = || leases.iter().filter(|lease| lease.expires > now);
+        live()
             .take(LEASE_WALK)
             .find(|lease| {
                 units += lease.cost;
                 units >= held + cost - count
             })
-            .or_else(|| leases.iter().max_by_key(|lease| lease.expires))
+            .or_else(|| live().max_by_key(|lease| lease.expires))
             .map_or(0, |lease| lease.expires - now)
     };
     Outcome {
         allowed,
         remaining,
-        reset_after_us: leases.iter().map(|l| l.expires - now).max().unwrap_or(0),
+        reset_after_us: leases
+            .iter()
+            .map(|l| l.expires.saturating_sub(now))
+            .max()
+            .unwrap_or(0),
         retry_after_us,
     }
 }

@@ -32,11 +32,19 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
     }
 }
 
-/// Gives back `units` of the current window (never below none used).
-pub(super) fn refund(slot: &mut Option<State>, _rule: &Rule, now: u64, units: u64) {
+/// Gives back `units` of the window the charge was counted in (its end is
+/// the stamp), if that window is still the key's (never below none used).
+/// A later window, or one started after a reset, is not it.
+pub(super) fn refund(slot: &mut Option<State>, _rule: &Rule, now: u64, units: u64, stamp: u64) {
     if let Some(State::FixedWindow { used, ends }) = slot
         && now < *ends
+        && *ends == stamp
     {
         *used = used.saturating_sub(units);
     }
+}
+
+/// An allowed check's window: its end.
+pub(super) fn stamp(now: u64, _period: u64, outcome: &Outcome) -> u64 {
+    now + outcome.reset_after_us
 }

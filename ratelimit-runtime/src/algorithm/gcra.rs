@@ -7,10 +7,11 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
     let (count, period) = (rule.count(), rule.period_us());
     let tolerance = rule.burst() * period;
     let step = cost * period;
-    // How far the theoretical arrival time is ahead of now, in 1/count µs.
-    let ahead = match *slot {
-        Some(State::Gcra { tat, rem }) if tat >= now => {
-            let whole = tat - now;
+    // How far the theoretical arrival time is ahead of now, in 1/count µs;
+    // a TAT reached is an empty bucket, where a new one begins.
+    let (ahead, born) = match *slot {
+        Some(State::Gcra { tat, rem, born }) if tat > now || (tat == now && rem > 0) => {
+            let (whole, rem) = (tat - now, u64::from(rem));
             if whole > tolerance / count + 1 {
                 // Further ahead than the tolerance allows (a rule whose count
                 // was raised since): refused, and its numbers worked out
@@ -18,16 +19,18 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
                 // in the doubles of the Lua script, which does the same).
                 return far_ahead(whole, rem, count, step, tolerance);
             }
-            whole * count + rem
+            (whole * count + rem, born)
         }
-        _ => 0,
+        _ => (0, now),
     };
     let allowed = ahead + step <= tolerance;
     let ahead = if allowed {
         let ahead = ahead + step;
+        // The remainder is below the count, at most `Rule::MAX_COUNT`.
         *slot = Some(State::Gcra {
             tat: now + ahead / count,
-            rem: ahead % count,
+            born,
+            rem: (ahead % count) as u32,
         });
         ahead
     } else {
@@ -62,16 +65,18 @@ fn far_ahead(whole: u64, rem: u64, count: u64, step: u64, tolerance: u64) -> Out
 }
 
 /// Moves the theoretical arrival time back by `units` emission intervals,
-/// never before now. A TAT further ahead than the rule's tolerance (its
-/// count was raised since) is left as it is.
-pub(super) fn refund(slot: &mut Option<State>, rule: &Rule, now: u64, units: u64) {
+/// never before now, if the charge at `stamp` was counted in this bucket
+/// (not one begun since: emptied, or reset). A TAT further ahead than the
+/// rule's tolerance (its count was raised since) is left as it is.
+pub(super) fn refund(slot: &mut Option<State>, rule: &Rule, now: u64, units: u64, stamp: u64) {
     let (count, period) = (rule.count(), rule.period_us());
-    let Some(State::Gcra { tat, rem }) = *slot else {
+    let Some(State::Gcra { tat, rem, born }) = *slot else {
         return;
     };
-    if tat < now {
+    if tat < now || born > stamp {
         return;
     }
+    let rem = u64::from(rem);
     let whole = tat - now;
     if whole > rule.burst() * period / count + 1 {
         return;
@@ -82,7 +87,8 @@ pub(super) fn refund(slot: &mut Option<State>, rule: &Rule, now: u64, units: u64
         let ahead = ahead - back;
         State::Gcra {
             tat: now + ahead / count,
-            rem: ahead % count,
+            born,
+            rem: (ahead % count) as u32,
         }
     });
 }

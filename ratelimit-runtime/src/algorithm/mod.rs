@@ -10,6 +10,12 @@
 //! `count` units per microsecond and nothing is ever rounded. Every product
 //! stays below 2^53 (see [`Rule::MAX_BURST_PERIOD_US`]), where Lua's doubles
 //! are still exact integers.
+//!
+//! A check that consumes answers (through [`stamp`]) the identity of what it
+//! was counted in: a window's end, a sliding log's entry (its time), or the
+//! time of the call in a state that keeps when it began (`born`: a sliding
+//! window's, a bucket's since it was last full or reset). A refund names it
+//! and gives back only there; anywhere else it does nothing.
 
 use std::time::Duration;
 
@@ -22,6 +28,7 @@ mod token_bucket;
 
 pub(crate) use concurrency::{acquire, release};
 pub(crate) use sliding_log::Log;
+pub(crate) use token_bucket::Bucket;
 
 use crate::decision::Decision;
 use crate::rule::{Algorithm, Rule};
@@ -64,20 +71,22 @@ pub(crate) enum State {
     },
     /// Call times, oldest first; one entry per unit of cost.
     SlidingLog(Log),
+    /// `born`: when the counting began (the first call since there was no
+    /// state), kept across windows. Counts are at most `Rule::MAX_COUNT`.
     SlidingWindow {
         start: u64,
-        cur: u64,
-        prev: u64,
+        born: u64,
+        cur: u32,
+        prev: u32,
     },
-    /// `tokens` in fixed point: `period_us` units per token.
-    TokenBucket {
-        tokens: u64,
-        last: u64,
-    },
-    /// The theoretical arrival time `tat + rem / count` µs.
+    /// Tokens in fixed point, under the period they were counted in.
+    TokenBucket(Bucket),
+    /// The theoretical arrival time `tat + rem / count` µs; `born`: when the
+    /// bucket last started from empty (no state, or a TAT passed).
     Gcra {
         tat: u64,
-        rem: u64,
+        born: u64,
+        rem: u32,
     },
     /// Leases, in the order they were taken (so by expiry).
     Concurrency(Vec<Lease>),
@@ -91,17 +100,20 @@ impl State {
             State::FixedWindow { ends, .. } => *ends,
             State::SlidingLog(log) => log.back().map_or(0, |newest| newest + period),
             State::SlidingWindow { start, .. } => start + 2 * period,
-            State::TokenBucket { tokens, last } => {
-                last + (rule.burst() * period - tokens).div_ceil(rule.count())
+            State::TokenBucket(bucket) => {
+                let capacity = rule.burst() * period;
+                let tokens = bucket.tokens_under(period).min(capacity);
+                bucket.last() + (capacity - tokens).div_ceil(rule.count())
             }
-            State::Gcra { tat, rem } => tat + u64::from(*rem > 0),
+            State::Gcra { tat, rem, .. } => tat + u64::from(*rem > 0),
             State::Concurrency(leases) => leases.iter().map(|l| l.expires).max().unwrap_or(0),
         }
     }
 }
 
-/// A refund: gives back `units` (the last argument) at `now` (µs).
-pub(crate) type Refund = fn(&mut Option<State>, &Rule, u64, u64);
+/// A refund: gives back `units` (the fourth argument) at `now` (µs) of the
+/// charge whose stamp is the last argument (see [`stamp`]).
+pub(crate) type Refund = fn(&mut Option<State>, &Rule, u64, u64, u64);
 
 /// One algorithm, as every part of the crate knows it.
 #[derive(Debug)]
@@ -114,15 +126,21 @@ pub(crate) struct Spec {
     pub(crate) burst: bool,
     /// Whether a call holds its units until it ends (a lease to release).
     pub(crate) leases: bool,
+    /// Whether Redis keeps its state in a string (read ahead, with the
+    /// batch's `MGET`), not a sorted set.
+    pub(crate) string: bool,
     /// Its state machine: checks and consumes `cost` units at `now` (µs).
     pub(crate) check: fn(&mut Option<State>, &Rule, u64, u64) -> Outcome,
     /// Gives back units at `now` (µs); `None` where a refund means nothing
     /// (a lease is given back by its permit).
     pub(crate) refund: Option<Refund>,
+    /// What an allowed check at `now` was counted in, from its outcome and
+    /// the rule's period (µs): the stamp its refund names.
+    pub(crate) stamp: fn(u64, u64, &Outcome) -> u64,
     /// Its Lua source, defining `local function <name>(key, now, slack,
     /// count, burst, period, cost, id)` for the Redis scripts, and
-    /// `<name>_refund(key, now, slack, count, burst, period, units)` where
-    /// it has a refund.
+    /// `<name>_refund(key, now, slack, count, burst, period, units, stamp)`
+    /// where it has a refund (the stamp in decimal).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) lua: &'static str,
 }
@@ -142,8 +160,10 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         name: "fixed_window",
         burst: false,
         leases: false,
+        string: true,
         check: fixed_window::check,
         refund: Some(fixed_window::refund),
+        stamp: fixed_window::stamp,
         lua: lua!("fixed_window"),
     },
     Spec {
@@ -151,8 +171,10 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         name: "sliding_log",
         burst: false,
         leases: false,
+        string: false,
         check: sliding_log::check,
         refund: Some(sliding_log::refund),
+        stamp: sliding_log::stamp,
         lua: lua!("sliding_log"),
     },
     Spec {
@@ -160,8 +182,10 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         name: "sliding_window",
         burst: false,
         leases: false,
+        string: true,
         check: sliding_window::check,
         refund: Some(sliding_window::refund),
+        stamp: at_the_call,
         lua: lua!("sliding_window"),
     },
     Spec {
@@ -169,8 +193,10 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         name: "token_bucket",
         burst: true,
         leases: false,
+        string: true,
         check: token_bucket::check,
         refund: Some(token_bucket::refund),
+        stamp: at_the_call,
         lua: lua!("token_bucket"),
     },
     Spec {
@@ -178,8 +204,10 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         name: "gcra",
         burst: true,
         leases: false,
+        string: true,
         check: gcra::check,
         refund: Some(gcra::refund),
+        stamp: at_the_call,
         lua: lua!("gcra"),
     },
     Spec {
@@ -187,8 +215,10 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         name: "concurrency",
         burst: false,
         leases: true,
+        string: false,
         check: concurrency::check,
         refund: None,
+        stamp: at_the_call,
         lua: lua!("concurrency"),
     },
 ];
@@ -243,14 +273,32 @@ pub(crate) fn peek(slot: &Option<State>, rule: &Rule, now: u64) -> Outcome {
     }
 }
 
-/// Gives back `units` at `now` where the rule's algorithm has a refund;
-/// `false` where it has none.
-pub(crate) fn refund(slot: &mut Option<State>, rule: &Rule, now: u64, units: u64) -> bool {
+/// Gives back `units` at `now` of the charge `stamp` names, where the rule's
+/// algorithm has a refund; `false` where it has none.
+pub(crate) fn refund(
+    slot: &mut Option<State>,
+    rule: &Rule,
+    now: u64,
+    units: u64,
+    stamp: u64,
+) -> bool {
     let Some(refund) = spec(rule.algorithm()).refund else {
         return false;
     };
-    refund(slot, rule, now, units);
+    refund(slot, rule, now, units, stamp);
     true
+}
+
+/// The stamp of an allowed check at `now` under `rule`: what its refund
+/// names (see [`Spec::stamp`]).
+pub(crate) fn stamp(algorithm: Algorithm, period_us: u64, now: u64, outcome: &Outcome) -> u64 {
+    (spec(algorithm).stamp)(now, period_us, outcome)
+}
+
+/// The stamp of the algorithms whose states keep when they began: the
+/// time of the call.
+fn at_the_call(now: u64, _period: u64, _outcome: &Outcome) -> u64 {
+    now
 }
 
 #[cfg(test)]

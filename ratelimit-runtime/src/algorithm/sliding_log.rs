@@ -43,14 +43,29 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
     }
 }
 
-/// Takes `units` back from the newest calls in the window (never more than
-/// it holds).
-pub(super) fn refund(slot: &mut Option<State>, rule: &Rule, now: u64, units: u64) {
-    if let Some(State::SlidingLog(log)) = slot {
-        log.expire(now, rule.period_us());
-        log.take_back(units);
+/// Takes back `units` of the call logged at `stamp` (µs), while it is in
+/// the window: the units logged at that time, newest first (calls logged at
+/// one time are alike to every decision), never more than there are. A
+/// refund that would rewrite more than [`REFUND_WALK`] calls (the ones at
+/// its time and every one after) gives nothing back.
+pub(super) fn refund(slot: &mut Option<State>, rule: &Rule, now: u64, units: u64, stamp: u64) {
+    let period = rule.period_us();
+    if let Some(State::SlidingLog(log)) = slot
+        && stamp + period > now
+    {
+        log.expire(now, period);
+        log.take_at(stamp, units);
     }
 }
+
+/// An allowed check's entry: its time (the log's newest, `reset_after`
+/// before it leaves the window).
+pub(super) fn stamp(now: u64, period: u64, outcome: &Outcome) -> u64 {
+    (now + outcome.reset_after_us).saturating_sub(period)
+}
+
+/// The most calls a refund rewrites (`REFUND_WALK` in sliding_log.lua).
+pub(super) const REFUND_WALK: usize = 1024;
 
 /// A sliding log's calls, oldest first. The first few units are kept in
 /// place, one time each (most keys of a per-client limit hold one or two
@@ -140,24 +155,50 @@ impl Log {
         }
     }
 
-    /// Takes `units` back from the newest calls.
-    pub(super) fn take_back(&mut self, units: u64) {
+    /// Takes back up to `units` of the units logged at time `t`, newest
+    /// first; nothing when that rewrites more than [`REFUND_WALK`] calls.
+    pub(super) fn take_at(&mut self, t: u64, units: u64) {
         match self {
-            Log::Inline { len, .. } => *len -= units.min(u64::from(*len)) as u8,
+            Log::Inline { len, times } => {
+                let held = &times[..usize::from(*len)];
+                let from = held.partition_point(|&time| time < t);
+                let to = held.partition_point(|&time| time <= t);
+                let take = (to - from).min(usize::try_from(units).unwrap_or(usize::MAX));
+                times.copy_within(to..usize::from(*len), to - take);
+                *len -= take as u8;
+            }
             Log::Heap(log) => {
-                let newest = log.calls.back().map_or(log.gone, |&(_, n)| n);
-                let target = newest.saturating_sub(units).max(log.gone);
-                while let Some(&(t, through)) = log.calls.back() {
-                    if through <= target {
-                        break;
-                    }
-                    log.calls.pop_back();
-                    let before = log.calls.back().map_or(log.gone, |&(_, n)| n);
-                    if before < target {
-                        // This call keeps what it had up to `target`.
-                        log.calls.push_back((t, target));
-                        break;
-                    }
+                let calls = &mut log.calls;
+                let from = calls.partition_point(|&(time, _)| time < t);
+                let to = calls.partition_point(|&(time, _)| time <= t);
+                let before = |calls: &VecDeque<(u64, u64)>, i: usize| {
+                    if i == 0 { log.gone } else { calls[i - 1].1 }
+                };
+                // The oldest call touched, and what it keeps.
+                let (mut oldest, mut left) = (to, units);
+                while oldest > from && left > 0 {
+                    oldest -= 1;
+                    let has = calls[oldest].1 - before(calls, oldest);
+                    left -= has.min(left);
+                }
+                let taken = units - left;
+                if taken == 0 || calls.len() - oldest > REFUND_WALK {
+                    return;
+                }
+                // The newer calls at `t` go whole; the oldest touched gives
+                // the rest.
+                let newer = calls[to - 1].1 - calls[oldest].1;
+                let kept = calls[oldest].1 - before(calls, oldest) - (taken - newer);
+                let base = before(calls, oldest);
+                let removed_from = if kept > 0 {
+                    calls[oldest].1 = base + kept;
+                    oldest + 1
+                } else {
+                    oldest
+                };
+                calls.drain(removed_from..to);
+                for call in calls.range_mut(removed_from..) {
+                    call.1 -= taken;
                 }
             }
         }

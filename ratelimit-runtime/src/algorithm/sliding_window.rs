@@ -4,10 +4,11 @@
 use super::{Outcome, State};
 use crate::rule::Rule;
 
-/// `floor(count * span / period)`: the previous window's weight. Computed in
-/// doubles, exactly as the Lua script does, so both round the same way.
+/// `floor(count * span / period)`: the previous window's weight, exactly
+/// (the product may pass 2^53, where doubles round; the Lua script works it
+/// out in parts for that).
 fn weighted(count: u64, span: u64, period: u64) -> u64 {
-    ((count as f64) * (span as f64) / (period as f64)).floor() as u64
+    (u128::from(count) * u128::from(span) / u128::from(period)) as u64
 }
 
 /// The first offset `e` in `[0, period]` into a window at which a previous
@@ -31,23 +32,31 @@ fn first_offset(count: u64, at_most: u64, period: u64) -> u64 {
 pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) -> Outcome {
     let (count, period) = (rule.count(), rule.period_us());
     let start = now - now % period;
-    let (cur, prev) = match *slot {
-        Some(State::SlidingWindow { start: s, cur, .. }) if s + period == start => (0, cur),
+    let (cur, prev, born) = match *slot {
         Some(State::SlidingWindow {
             start: s,
+            born,
+            cur,
+            ..
+        }) if s + period == start => (0, u64::from(cur), born),
+        Some(State::SlidingWindow {
+            start: s,
+            born,
             cur,
             prev,
-        }) if s == start => (cur, prev),
-        _ => (0, 0),
+        }) if s == start => (u64::from(cur), u64::from(prev), born),
+        _ => (0, 0, now),
     };
     let elapsed = now - start;
     let used = cur + weighted(prev, period - elapsed, period);
     let allowed = used + cost <= count;
     let (cur, used) = if allowed {
+        // Counts are at most the rule's count, at most `Rule::MAX_COUNT`.
         *slot = Some(State::SlidingWindow {
             start,
-            cur: cur + cost,
-            prev,
+            born,
+            cur: (cur + cost) as u32,
+            prev: prev as u32,
         });
         (cur + cost, used + cost)
     } else {
@@ -78,12 +87,31 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
     }
 }
 
-/// Gives back `units` of the current window's count (never below none).
-pub(super) fn refund(slot: &mut Option<State>, rule: &Rule, now: u64, units: u64) {
-    let start = now - now % rule.period_us();
-    if let Some(State::SlidingWindow { start: s, cur, .. }) = slot
-        && *s == start
-    {
+/// Gives back `units` of the window the charge at `stamp` (µs) was counted
+/// in, where it still counts: the current window's count or the previous
+/// one's (never below none). Not in a state begun after the charge (a
+/// reset came between).
+pub(super) fn refund(slot: &mut Option<State>, rule: &Rule, now: u64, units: u64, stamp: u64) {
+    let period = rule.period_us();
+    let (start, charged) = (now - now % period, stamp - stamp % period);
+    let Some(State::SlidingWindow {
+        start: s,
+        born,
+        cur,
+        prev,
+    }) = slot
+    else {
+        return;
+    };
+    if *born > stamp || stamp > now {
+        return;
+    }
+    let units = u32::try_from(units).unwrap_or(u32::MAX);
+    if charged == *s && (*s == start || *s + period == start) {
+        // Stored as this window's count (the previous one's, if the state
+        // was last written a window ago).
         *cur = cur.saturating_sub(units);
+    } else if charged + period == *s && *s == start {
+        *prev = prev.saturating_sub(units);
     }
 }

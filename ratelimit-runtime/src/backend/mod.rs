@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use crate::decision::Decision;
+use crate::decision::{Charge, Decision};
 use crate::error::Error;
 use crate::rule::Rule;
 
@@ -69,27 +69,36 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         async { Err(Error::Unsupported("peek")) }
     }
 
-    /// Gives back `units` of `key`'s budget under `rule` (at most what it
-    /// holds, so never above capacity), then answers as
-    /// [`peek`](Backend::peek). What a refund gives back, per algorithm:
+    /// Gives back what `charge` took from `key`'s budget under `rule`,
+    /// where it is still counted (at most what the budget holds, so never
+    /// above capacity), then answers as [`peek`](Backend::peek). Per
+    /// algorithm, the built-in backends give back:
     ///
-    /// - fixed window, sliding window: units of the current window's count;
-    /// - sliding log: the newest calls' units;
-    /// - token bucket: tokens, up to the burst;
-    /// - GCRA: the theoretical arrival time moves back `units` emission
-    ///   intervals, never before now;
+    /// - fixed window: units of the window the charge was counted in, while
+    ///   it is the current one;
+    /// - sliding window: units of the window's count that holds them (the
+    ///   current or the previous window's);
+    /// - sliding log: the charge's own entry, while it is in the window;
+    /// - token bucket: tokens, up to the burst, into the bucket they were
+    ///   taken from (not one begun since: full again, or reset);
+    /// - GCRA: the theoretical arrival time moves back `charge.units()`
+    ///   emission intervals, never before now, in the bucket it was charged
+    ///   in;
     /// - concurrency: nothing, [`Error::Unsupported`] (a lease is given back
     ///   by its [`Permit`](crate::Permit)).
     ///
-    /// `1 <= units <= rule.capacity()` holds here. The default answers
-    /// [`Error::Unsupported`].
+    /// Anywhere else (a reset came between, say) nothing is given back. A
+    /// charge of a custom backend's check has no [`Charge::stamp`]: its
+    /// refund gives back `charge.units()` as the backend can.
+    /// `1 <= charge.units() <= rule.capacity()` holds here. The default
+    /// answers [`Error::Unsupported`].
     fn refund(
         &self,
         rule: &Rule,
         key: &str,
-        units: u64,
+        charge: Charge,
     ) -> impl Future<Output = Result<Decision, Error>> + Send {
-        let _ = (rule, key, units);
+        let _ = (rule, key, charge);
         async { Err(Error::Unsupported("refund")) }
     }
 

@@ -95,7 +95,7 @@ impl<K> Limit<K> {
 impl Admitted<'_> {
     /// Once the inner service has answered with `status`: gives the permit
     /// back (a concurrency lease is held until the response is produced),
-    /// refunds the request's units if the middleware says so for that
+    /// gives back what the request took if the middleware says so for that
     /// status, and returns the fields to add to the response.
     pub(crate) async fn finish<K>(
         self,
@@ -103,8 +103,11 @@ impl Admitted<'_> {
         limiter: &RateLimiter,
         status: u16,
     ) -> Vec<Field> {
+        let charge = self.held.permit().charge();
         drop(self.held);
-        limit.settle(&self.site, limiter, &self.key, status).await;
+        limit
+            .settle(&self.site, limiter, &self.key, charge, status)
+            .await;
         self.fields
     }
 }

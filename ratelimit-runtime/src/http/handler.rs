@@ -147,7 +147,18 @@ pub async fn check(site: &Site, base: &str, by: By, call: &HttpCall) -> Result<P
     // A named limiter that is not installed: the in-memory fallback's.
     let secret = match limiter {
         Some(limiter) => limiter.key_secret(),
-        None => crate::secret::process_secret(),
+        None => Ok(crate::secret::process_secret()),
+    };
+    let needs_secret = match by {
+        By::Global => return pipeline::check_on(site, limiter, base).await,
+        By::Ip => call.options().digest_ips,
+        By::Header(_) => true,
+    };
+    let secret = match secret {
+        Ok(secret) => secret,
+        Err(error) if needs_secret => return Err(site.misconfigured(&error)),
+        // Not read: addresses are kept as they are.
+        Err(_) => &[],
     };
     let key = match by {
         By::Global => return pipeline::check_on(site, limiter, base).await,

@@ -180,6 +180,7 @@ impl CustomRefusal {
             over,
             RateLimited::backend_unavailable(1),
             RateLimited::unknown_client(1),
+            RateLimited::misconfigured(1),
         ] {
             let limited = limited.with_rule(Duration::from_secs(1), "on_refusal");
             for (name, value) in self.build(&limited).headers {
@@ -215,6 +216,7 @@ fn standard(limited: &RateLimited, passed: &[Report], options: &HttpOptions) -> 
         Cause::OverLimit => StatusCode::TOO_MANY_REQUESTS,
         Cause::BackendUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         Cause::UnknownClient => StatusCode::BAD_REQUEST,
+        Cause::Misconfigured => StatusCode::INTERNAL_SERVER_ERROR,
     };
     let retry = limited.retry_after_secs();
     let (code, text) = match limited.cause {
@@ -230,6 +232,11 @@ fn standard(limited: &RateLimited, passed: &[Report], options: &HttpOptions) -> 
             "unknown_client",
             "Bad Request: cannot tell who the client is\n".to_owned(),
         ),
+        Cause::Misconfigured => (
+            "rate_limiter_misconfigured",
+            "Internal Server Error: the rate limiter is misconfigured (see the server's log)\n"
+                .to_owned(),
+        ),
     };
     let mut headers = Vec::new();
     let body = if options.json {
@@ -242,7 +249,7 @@ fn standard(limited: &RateLimited, passed: &[Report], options: &HttpOptions) -> 
         headers.push((CONTENT_TYPE, "text/plain; charset=utf-8".to_owned()));
         text
     };
-    if limited.cause != Cause::UnknownClient {
+    if !matches!(limited.cause, Cause::UnknownClient | Cause::Misconfigured) {
         headers.push((RETRY_AFTER, decimal(retry)));
     }
     let refusing = (limited.cause == Cause::OverLimit).then(|| Report::from_refusal(limited));

@@ -7,9 +7,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::{Headers, HttpOptions, canonical};
-use crate::decision::RateLimited;
-use crate::error::OnError;
+use crate::decision::{Charge, RateLimited};
+use crate::error::{Error, OnError};
 use crate::keys;
+use crate::limiter::RateLimiter;
 use crate::rule::Rule;
 use crate::site::Site;
 
@@ -157,7 +158,8 @@ pub(crate) enum Verdict<'a> {
     /// Check it under this key (a global budget's is the middleware's own:
     /// no copy of it).
     Check(Cow<'a, str>),
-    /// Refuse it: its client is unknown.
+    /// Refuse it: its client is unknown, or its key needs a key secret the
+    /// limiter lacks.
     Refuse(RateLimited),
 }
 
@@ -181,24 +183,25 @@ impl<K> Limit<K> {
         }
     }
 
-    /// Gives the units of a request under `key` back when its response's
-    /// `status` says so (not for a concurrency rule: its lease is given back
-    /// anyway).
+    /// Gives back what a request under `key` took (`charge`) when its
+    /// response's `status` says so (a concurrency rule's lease is given
+    /// back anyway).
     pub(crate) async fn settle(
         &self,
         site: &Site,
-        limiter: &crate::limiter::RateLimiter,
+        limiter: &RateLimiter,
         key: &str,
+        charge: Option<Charge>,
         status: u16,
     ) {
-        let Some(refund_if) = &self.refund_if else {
+        let (Some(refund_if), Some(charge)) = (&self.refund_if, charge) else {
             return;
         };
-        if !refund_if(status) || self.rule.algorithm() == crate::rule::Algorithm::Concurrency {
+        if !refund_if(status) {
             return;
         }
         let rule = crate::registry::in_force(site.name, &self.rule);
-        if let Err(error) = limiter.refund(&rule, key, self.cost).await {
+        if let Err(error) = limiter.refund(&rule, key, charge).await {
             tracing::debug!(%error, key, "could not give back a request's units");
         }
     }
@@ -236,7 +239,7 @@ impl<K> Limit<K> {
         site: &Site,
         path: &str,
         options: &HttpOptions,
-        limiter: &crate::limiter::RateLimiter,
+        limiter: &RateLimiter,
         client: impl FnOnce() -> Option<IpAddr>,
         headers: &impl Headers,
         key: impl FnOnce(&K) -> Option<String>,
@@ -251,7 +254,15 @@ impl<K> Limit<K> {
                 if ip.is_some_and(|ip| self.exempt_ips.contains(&ip)) {
                     return Verdict::Pass;
                 }
-                match options.ip_subject(limiter.key_secret(), ip) {
+                let secret = match limiter.key_secret() {
+                    Ok(secret) => secret,
+                    Err(error) if options.digest_ips => {
+                        return Verdict::Refuse(site.misconfigured(&error));
+                    }
+                    // Not read: addresses are kept as they are.
+                    Err(_) => &[],
+                };
+                match options.ip_subject(secret, ip) {
                     Ok(subject) => subject,
                     Err(()) => return Verdict::Refuse(site.unknown_client()),
                 }
@@ -261,7 +272,10 @@ impl<K> Limit<K> {
                 if value.is_some_and(|v| self.exempt_key(v)) {
                     return Verdict::Pass;
                 }
-                options.header_subject(limiter.key_secret(), name, value)
+                match limiter.key_secret() {
+                    Ok(secret) => options.header_subject(secret, name, value),
+                    Err(error) => return Verdict::Refuse(site.misconfigured(&error)),
+                }
             }
             Subject::Key(closure) => {
                 let Some(k) = key(closure) else {
@@ -274,6 +288,35 @@ impl<K> Limit<K> {
             }
         };
         Verdict::Check(Cow::Owned([self.key.as_str(), &subject].concat()))
+    }
+
+    /// When a middleware is set up: `Err` (and the error logged) if its keys
+    /// need a key secret that `limiter` (else the installed global one)
+    /// lacks, with `options` if known (else only `by_header` tells). Its
+    /// requests would be refused; better said at start-up.
+    pub(crate) fn check_secret(
+        &self,
+        limiter: Option<&RateLimiter>,
+        options: Option<&HttpOptions>,
+    ) -> Result<(), Error> {
+        let needs = match &self.by {
+            Subject::Header(_) => true,
+            Subject::Ip => options.is_some_and(|options| options.digest_ips),
+            Subject::Global | Subject::Key(_) => false,
+        };
+        let Some(limiter) = limiter.or(RateLimiter::installed()) else {
+            return Ok(());
+        };
+        if !needs || !limiter.lacks_key_secret() {
+            return Ok(());
+        }
+        let error = Error::Config(format!(
+            "the rate limit `{}`: {}",
+            self.name,
+            crate::secret::MISSING
+        ));
+        crate::secret::log_missing(&error, self.name);
+        Err(error)
     }
 
     /// Names the rule `name`: the key is `limiter:<name>` plus the subject.

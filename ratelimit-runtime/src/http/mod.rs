@@ -312,8 +312,23 @@ impl HttpOptions {
     /// `:ip:<address>` for the key of the client `ip` (IPv6 masked to the
     /// prefix), or `:ip:#<digest>` with [`digest_client_ips`](Self::digest_client_ips)
     /// (under `limiter`'s key secret).
-    pub fn subject_of(&self, limiter: &crate::limiter::RateLimiter, ip: IpAddr) -> String {
-        self.subject_with(limiter.key_secret(), ip)
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] with digests, when the limiter keeps its budgets in
+    /// a shared store and was given no key secret (such requests are
+    /// refused, so no budget has a subject to name).
+    pub fn subject_of(
+        &self,
+        limiter: &crate::limiter::RateLimiter,
+        ip: IpAddr,
+    ) -> Result<String, Error> {
+        let secret = match limiter.key_secret() {
+            Ok(secret) => secret,
+            Err(error) if self.digest_ips => return Err(error),
+            Err(_) => &[],
+        };
+        Ok(self.subject_with(secret, ip))
     }
 
     fn subject_with(&self, secret: &[u8], ip: IpAddr) -> String {
@@ -397,14 +412,21 @@ impl HttpOptions {
     /// under in `limiter`, for [`RateLimiter::reset_named`](crate::RateLimiter::reset_named)
     /// and the like: `header:name:#<digest>`, under the limiter's key
     /// secret.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] when the limiter keeps its budgets in a shared
+    /// store and was given no key secret (such requests are refused, so no
+    /// budget has a subject to name).
     pub fn subject_of_header(
         &self,
         limiter: &crate::limiter::RateLimiter,
         name: &str,
         value: &str,
-    ) -> String {
+    ) -> Result<String, Error> {
         let name = name.to_ascii_lowercase();
-        self.header_subject(limiter.key_secret(), &name, Some(value.as_bytes()))[1..].to_owned()
+        let subject = self.header_subject(limiter.key_secret()?, &name, Some(value.as_bytes()));
+        Ok(subject[1..].to_owned())
     }
 
     /// The key's subject for `by = header("name")`:

@@ -152,6 +152,10 @@ pub(crate) struct OverLimitCache {
 struct Shard {
     entries: HashMap<Box<str>, Refusal>,
     sweep_at: usize,
+    /// When a refusal of the shard's keys was last forgotten: a refusal
+    /// answered to a request sent before it may predate what was given
+    /// back, and is not remembered.
+    forgotten: Option<Instant>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -176,6 +180,7 @@ impl OverLimitCache {
                     Mutex::new(Shard {
                         entries: HashMap::new(),
                         sweep_at: MIN_SWEEP_LEN,
+                        forgotten: None,
                     })
                 })
                 .collect(),
@@ -212,9 +217,18 @@ impl OverLimitCache {
     /// or given back).
     pub(crate) fn forget(&self, rule: &Rule, key: &str) {
         let mut shard = self.shard(key);
+        shard.forgotten = Some(Instant::now());
         if shard.entries.get(key).is_some_and(|r| r.rule == *rule) {
             shard.entries.remove(key);
         }
+    }
+
+    /// Forgets what Redis refused `key` under any rule (units of it were
+    /// given back).
+    pub(crate) fn forget_key(&self, key: &str) {
+        let mut shard = self.shard(key);
+        shard.forgotten = Some(Instant::now());
+        shard.entries.remove(key);
     }
 
     /// Remembers a refusal Redis answered to a request sent at `sent`.
@@ -239,6 +253,9 @@ impl OverLimitCache {
         };
         let now = Instant::now();
         let mut shard = self.shard(key);
+        if shard.forgotten.is_some_and(|forgotten| sent <= forgotten) {
+            return;
+        }
         if shard.entries.len() >= shard.sweep_at {
             shard.entries.retain(|_, r| r.until > now);
             if shard.entries.len() >= self.max_per_shard / 2 {

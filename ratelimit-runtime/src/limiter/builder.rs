@@ -228,6 +228,12 @@ impl RateLimiterBuilder {
     /// locally until then, without a round trip (off by default). It never
     /// lets through a call Redis would refuse, and never refuses past the
     /// time Redis named. Cuts Redis load during floods.
+    ///
+    /// A refund or reset through this limiter forgets the key's refusal, and
+    /// so does a give-back of what Redis allowed a call whose answer came
+    /// too late. One made through another instance (or in Redis directly)
+    /// is not seen here: until the time Redis named, this instance still
+    /// refuses the key locally.
     #[cfg(feature = "redis")]
     pub fn over_limit_cache(mut self, enabled: bool) -> Self {
         self.over_limit_cache = enabled;
@@ -239,8 +245,9 @@ impl RateLimiterBuilder {
     /// [`MemoryBackend::with_max_keys`] for what happens when it is reached
     /// (calls stay limited). Default: 1,000,000
     /// ([`DEFAULT_MAX_KEYS`](crate::backend::memory::DEFAULT_MAX_KEYS)),
-    /// 76 to 155 MB by the keys' length; `usize::MAX` for no cap (expired
-    /// keys are still reclaimed).
+    /// 76 to 154 MB by the keys' length (as measured by
+    /// `tests/memory_bound.rs`); `usize::MAX` for no cap (expired keys are
+    /// still reclaimed).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
         self
@@ -258,7 +265,10 @@ impl RateLimiterBuilder {
     /// process (nothing else reads its keys); a limiter on Redis (or a
     /// backend of your own) fails to [`build`](Self::build) when the program
     /// has a `by = header(..)` rule, unless
-    /// [`public_key_secret`](Self::public_key_secret) says otherwise.
+    /// [`public_key_secret`](Self::public_key_secret) says otherwise; a
+    /// middleware's `by_header` or digested client addresses on it refuse
+    /// their requests (`500`, [`Cause::Misconfigured`](crate::Cause::Misconfigured))
+    /// rather than count them per instance.
     pub fn key_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
         self.key_secret = Some(KeySecret::Given(Arc::from(secret.as_ref())));
         self
@@ -376,6 +386,18 @@ impl RateLimiterBuilder {
 
     #[cfg(feature = "redis")]
     fn redis_store(&self, redis: RedisBackend, clock: Option<Box<dyn Clock>>) -> Store {
+        let over_limit = self.over_limit_cache.then(|| {
+            std::sync::Arc::new(OverLimitCache::new(
+                self.max_keys
+                    .unwrap_or(crate::backend::memory::DEFAULT_MAX_KEYS),
+            ))
+        });
+        if let Some(cache) = &over_limit {
+            // What a late answer allowed, given back: the key's refusal no
+            // longer holds.
+            let cache = std::sync::Arc::clone(cache);
+            redis.on_give_back(Box::new(move |key| cache.forget_key(key)));
+        }
         Store::Redis {
             redis,
             insurance: self.memory(clock),
@@ -383,12 +405,7 @@ impl RateLimiterBuilder {
                 self.probe_interval.unwrap_or(Duration::from_millis(250)),
                 false,
             ),
-            over_limit: self.over_limit_cache.then(|| {
-                OverLimitCache::new(
-                    self.max_keys
-                        .unwrap_or(crate::backend::memory::DEFAULT_MAX_KEYS),
-                )
-            }),
+            over_limit,
         }
     }
 

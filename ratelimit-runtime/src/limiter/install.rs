@@ -57,4 +57,11 @@ impl RateLimiter {
     pub fn global() -> &'static RateLimiter {
         GLOBAL.get_or_init(RateLimiter::in_memory)
     }
+
+    /// The installed global limiter, if one is (not the in-memory default
+    /// taken by a first call).
+    #[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
+    pub(crate) fn installed() -> Option<&'static RateLimiter> {
+        GLOBAL.get()
+    }
 }

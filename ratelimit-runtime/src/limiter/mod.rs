@@ -25,7 +25,7 @@ use crate::backend::memory::MemoryBackend;
 #[cfg(feature = "redis")]
 use crate::backend::redis::RedisBackend;
 use crate::clock::Clock;
-use crate::decision::Decision;
+use crate::decision::{Charge, Decision};
 use crate::error::{Error, OnError};
 use crate::rule::Rule;
 use crate::secret::KeySecret;
@@ -89,7 +89,9 @@ enum Store {
         /// service stays up and each instance still enforces the limits.
         insurance: MemoryBackend,
         breaker: Breaker,
-        over_limit: Option<OverLimitCache>,
+        /// Shared with the backend, which forgets a key's refusal when it
+        /// gives back what a late answer allowed.
+        over_limit: Option<Arc<OverLimitCache>>,
     },
     Custom(Box<dyn DynBackend>),
 }
@@ -158,10 +160,19 @@ impl RateLimiter {
     }
 
     /// The secret of the keyed digests that stand for header values (and
-    /// client addresses, if the options say so) in this limiter's keys.
+    /// client addresses, if the options say so) in this limiter's keys;
+    /// [`Error::Config`] when its store is shared and none was chosen (see
+    /// [`RateLimiterBuilder::key_secret`]).
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) fn key_secret(&self) -> &[u8] {
+    pub(crate) fn key_secret(&self) -> Result<&[u8], Error> {
         self.secret.bytes()
+    }
+
+    /// Whether this limiter's store is shared and it has no key secret, so
+    /// requests whose keys need a digest are refused.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn lacks_key_secret(&self) -> bool {
+        self.secret.is_missing()
     }
 
     /// Whether every rule on this limiter is in shadow mode (checked and
@@ -278,11 +289,14 @@ impl RateLimiter {
         }
     }
 
-    /// Gives back `units` of `key`'s budget under `rule`, for example when
-    /// the call they paid for failed downstream, then answers as
-    /// [`peek`](RateLimiter::peek). A refund never gives back more than the
-    /// budget holds; what it means per algorithm is on
-    /// [`Backend::refund`].
+    /// Gives back what a call took from `key`'s budget under `rule`
+    /// ([`Permit::charge`]), for example when the call it paid for failed
+    /// downstream, then answers as [`peek`](RateLimiter::peek). It gives
+    /// back only where the charge is still counted: the same fixed window,
+    /// the sliding window's count that holds it, the sliding log's own
+    /// entry, the bucket it was taken from; after a reset, in a later
+    /// window, or once a bucket was full again, it gives nothing. What it
+    /// means per algorithm is on [`Backend::refund`].
     ///
     /// ```
     /// use std::time::Duration;
@@ -291,32 +305,44 @@ impl RateLimiter {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), ratelimit_runtime::Error> {
     /// const SEND: Rule = Rule::fixed_window(1, Duration::from_secs(60));
     /// let limiter = RateLimiter::in_memory();
-    /// assert!(limiter.check(&SEND, "sms:bob").await?.allowed);
+    /// let permit = limiter.acquire(&SEND, "sms:bob", 1).await?;
+    /// assert!(permit.decision().allowed);
     /// // The SMS gateway failed: the call should not count.
-    /// limiter.refund(&SEND, "sms:bob", 1).await?;
+    /// let charge = permit.charge().expect("an allowed call");
+    /// limiter.refund(&SEND, "sms:bob", charge).await?;
     /// assert!(limiter.check(&SEND, "sms:bob").await?.allowed);
     /// # Ok(()) }
     /// ```
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidCost`] if `units` is 0 or over the rule's capacity,
-    /// [`Error::Unsupported`] under a concurrency rule (drop or release the
-    /// [`Permit`] instead), and as [`peek`](RateLimiter::peek).
-    pub async fn refund(&self, rule: &Rule, key: &str, units: u64) -> Result<Decision, Error> {
-        validate_cost(rule, units)?;
+    /// [`Error::InvalidCost`] if the charge's units are over the rule's
+    /// capacity (the rule was changed since), [`Error::Unsupported`] under a
+    /// concurrency rule (drop or release the [`Permit`] instead), and as
+    /// [`peek`](RateLimiter::peek). A refund that failed (it timed out) may
+    /// still have been made by Redis: it is not retried, and a retry of
+    /// yours may give the units back twice.
+    pub async fn refund(&self, rule: &Rule, key: &str, charge: Charge) -> Result<Decision, Error> {
+        validate_cost(rule, charge.units())?;
         match &*self.store {
-            Store::Memory(memory) => memory.refund_now(rule, key, units),
+            Store::Memory(memory) => memory.refund_now(rule, key, &charge),
             #[cfg(feature = "redis")]
             Store::Redis {
-                redis, over_limit, ..
+                redis,
+                insurance,
+                over_limit,
+                ..
             } => {
+                if charge.local {
+                    return insurance.refund_now(rule, key, &charge);
+                }
+                let decision = Backend::refund(redis, rule, key, charge).await;
                 if let Some(cache) = over_limit {
                     cache.forget(rule, key);
                 }
-                Backend::refund(redis, rule, key, units).await
+                decision
             }
-            Store::Custom(backend) => backend.refund(rule, key, units).await,
+            Store::Custom(backend) => backend.refund(rule, key, charge).await,
         }
     }
 
@@ -339,10 +365,11 @@ impl RateLimiter {
                 ..
             } => {
                 insurance.reset_now(rule, key);
+                let decision = Backend::reset(redis, rule, key).await;
                 if let Some(cache) = over_limit {
                     cache.forget(rule, key);
                 }
-                Backend::reset(redis, rule, key).await
+                decision
             }
             Store::Custom(backend) => backend.reset(rule, key).await,
         }
@@ -367,21 +394,22 @@ impl RateLimiter {
                 } else {
                     0
                 };
-                let decision = in_memory(memory, rule, key, cost, id);
-                Ok(self.permit(rule, key, cost, id, decision, false))
+                let (decision, stamp) = in_memory(memory, rule, key, cost, id);
+                Ok(self.permit(rule, key, cost, id, (decision, stamp), false))
             }
             _ => Box::pin(self.acquire_from_backend(rule, key, cost, on_error)).await,
         }
     }
 
-    /// The permit for a decision (with a lease for an allowed concurrency call).
+    /// The permit for a decision and its stamp (with a lease for an allowed
+    /// concurrency call, else a charge for an allowed call).
     fn permit(
         &self,
         rule: &Rule,
         key: &str,
         cost: u64,
         id: u64,
-        decision: Decision,
+        (decision, stamp): (Decision, Option<u64>),
         local: bool,
     ) -> Permit {
         let lease = (holds_leases(rule) && decision.allowed).then(|| {
@@ -395,9 +423,12 @@ impl RateLimiter {
                 released: false,
             })
         });
+        let charge = (decision.allowed && lease.is_none() && !holds_leases(rule))
+            .then(|| Charge::new(cost, stamp, local));
         Permit {
             decision,
             lease,
+            charge,
             local,
             unchecked: false,
         }
@@ -428,6 +459,7 @@ impl RateLimiter {
                     return Ok(Permit {
                         decision,
                         lease: None,
+                        charge: None,
                         local: false,
                         unchecked: false,
                     });
@@ -440,9 +472,11 @@ impl RateLimiter {
                     #[cfg(feature = "metrics")]
                     let sent = std::time::Instant::now();
                     let answer = if concurrency {
-                        Backend::acquire(redis, rule, key, cost, id).await
+                        Backend::acquire(redis, rule, key, cost, id)
+                            .await
+                            .map(|decision| (decision, None))
                     } else {
-                        Backend::check(redis, rule, key, cost).await
+                        redis.check_charged(rule, key, cost).await
                     };
                     #[cfg(feature = "metrics")]
                     ::metrics::histogram!(
@@ -453,12 +487,12 @@ impl RateLimiter {
                     answer
                 };
                 match answer {
-                    Ok(decision) => {
+                    Ok((decision, stamp)) => {
                         breaker.succeeded();
                         if let Some((cache, sent)) = remembering {
                             cache.remember(rule, key, cost, &decision, sent);
                         }
-                        (decision, false)
+                        ((decision, stamp), false)
                     }
                     Err(error) => {
                         if !matches!(&error, Error::Backend(e) if e.is::<CircuitOpen>()) {
@@ -473,21 +507,28 @@ impl RateLimiter {
                 }
             }
             Store::Custom(backend) if concurrency => {
-                (backend.acquire(rule, key, cost, id).await?, false)
+                ((backend.acquire(rule, key, cost, id).await?, None), false)
             }
-            Store::Custom(backend) => (backend.check(rule, key, cost).await?, false),
+            Store::Custom(backend) => ((backend.check(rule, key, cost).await?, None), false),
         };
         Ok(self.permit(rule, key, cost, id, decision, held_by_insurance))
     }
 }
 
-/// One check in process memory; for a rule that holds leases, lease `id` is
-/// taken.
-fn in_memory(memory: &MemoryBackend, rule: &Rule, key: &str, cost: u64, id: u64) -> Decision {
+/// One check in process memory, and the stamp of what it charged; for a
+/// rule that holds leases, lease `id` is taken.
+fn in_memory(
+    memory: &MemoryBackend,
+    rule: &Rule,
+    key: &str,
+    cost: u64,
+    id: u64,
+) -> (Decision, Option<u64>) {
     if holds_leases(rule) {
-        memory.acquire_now(rule, key, cost, id)
+        (memory.acquire_now(rule, key, cost, id), None)
     } else {
-        memory.check_now(rule, key, cost)
+        let (decision, charge) = memory.charge_now(rule, key, cost);
+        (decision, charge.and_then(|charge| charge.stamp()))
     }
 }
 
@@ -536,7 +577,7 @@ trait DynBackend: Send + Sync + fmt::Debug + 'static {
         lease: u64,
     ) -> ReleaseFuture<'a>;
     fn peek<'a>(&'a self, rule: &'a Rule, key: &'a str) -> CheckFuture<'a>;
-    fn refund<'a>(&'a self, rule: &'a Rule, key: &'a str, units: u64) -> CheckFuture<'a>;
+    fn refund<'a>(&'a self, rule: &'a Rule, key: &'a str, charge: Charge) -> CheckFuture<'a>;
     fn reset<'a>(&'a self, rule: &'a Rule, key: &'a str) -> CheckFuture<'a>;
 }
 
@@ -571,8 +612,8 @@ impl<B: Backend> DynBackend for B {
         Box::pin(Backend::peek(self, rule, key))
     }
 
-    fn refund<'a>(&'a self, rule: &'a Rule, key: &'a str, units: u64) -> CheckFuture<'a> {
-        Box::pin(Backend::refund(self, rule, key, units))
+    fn refund<'a>(&'a self, rule: &'a Rule, key: &'a str, charge: Charge) -> CheckFuture<'a> {
+        Box::pin(Backend::refund(self, rule, key, charge))
     }
 
     fn reset<'a>(&'a self, rule: &'a Rule, key: &'a str) -> CheckFuture<'a> {

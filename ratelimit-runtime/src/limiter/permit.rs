@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::Store;
-use crate::decision::Decision;
+use crate::decision::{Charge, Decision};
 use crate::error::Error;
 use crate::rule::Rule;
 
@@ -22,6 +22,8 @@ pub struct Permit {
     pub(super) decision: Decision,
     /// Boxed: only concurrency rules have one.
     pub(super) lease: Option<Box<HeldLease>>,
+    /// What an allowed call of any other rule took.
+    pub(super) charge: Option<Charge>,
     /// Answered by the in-process insurance limiter (the backend failed).
     pub(crate) local: bool,
     /// Not checked at all: the backend failed under the `allow` policy.
@@ -40,6 +42,7 @@ impl Permit {
                 retry_after: std::time::Duration::ZERO,
             },
             lease: None,
+            charge: None,
             local: false,
             unchecked: true,
         }
@@ -48,6 +51,14 @@ impl Permit {
     /// The decision.
     pub fn decision(&self) -> &Decision {
         &self.decision
+    }
+
+    /// What the call took from its budget, for
+    /// [`RateLimiter::refund`](super::RateLimiter::refund): `None` when it
+    /// took nothing (refused, or let through unchecked) or holds a lease (a
+    /// concurrency rule: drop or release the permit instead).
+    pub fn charge(&self) -> Option<Charge> {
+        self.charge
     }
 
     /// Releases the lease now (if any) and waits until it is released.

@@ -9,9 +9,10 @@ use std::sync::{Arc, MutexGuard};
 use super::{Backend, StoredKey};
 use crate::algorithm::{self, State};
 use crate::clock::{Clock, SystemClock};
-use crate::decision::Decision;
+use crate::decision::{Charge, Decision};
 use crate::error::Error;
 use crate::rule::{Algorithm, Rule};
+use crate::site::LogGate;
 use shard::{Entry, Hasher, MAX_PER_SHARD, Overflow, Shard, ShardMap, Slot, key_hash};
 
 /// How many independently locked shards the keys are spread over, so tasks on
@@ -19,7 +20,7 @@ use shard::{Entry, Hasher, MAX_PER_SHARD, Overflow, Shard, ShardMap, Slot, key_h
 const SHARDS: usize = 64;
 
 /// The most keys a store tracks unless told otherwise
-/// ([`MemoryBackend::with_max_keys`]): about 76 to 155 MB of keys, by their
+/// ([`MemoryBackend::with_max_keys`]): about 76 to 154 MB of keys, by their
 /// length (see the README).
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
@@ -67,8 +68,11 @@ struct Inner {
     max_per_shard: AtomicUsize,
     /// The budgets of calls of keys a full shard could not track.
     overflow: Overflow,
-    /// Set once a call was charged to the overflow (logged once).
+    /// Set once a call was charged to the overflow.
     overflowed: AtomicBool,
+    /// How often overflows are logged: at most one line per 10 s of the
+    /// store's clock, so a flood days after the first is said again.
+    overflow_log: LogGate,
     #[cfg(feature = "metrics")]
     overflow_counter: std::sync::OnceLock<::metrics::Counter>,
     /// Calls charged to the overflow (tests count them).
@@ -87,22 +91,26 @@ impl Inner {
             .min(MAX_PER_SHARD)
     }
 
-    /// Counts a call charged to the overflow, and says so the first time.
-    fn note_overflow(&self) {
+    /// Counts a call charged to the overflow at `now` (µs of the store's
+    /// clock), and says so now and then.
+    fn note_overflow(&self, now: u64) {
         #[cfg(test)]
         self.overflow_calls.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         self.overflow_counter
             .get_or_init(|| ::metrics::counter!("ratelimit_memory_overflow_total"))
             .increment(1);
-        if !self.overflowed.load(Ordering::Relaxed)
-            && !self.overflowed.swap(true, Ordering::Relaxed)
-        {
+        if !self.overflowed.load(Ordering::Relaxed) {
+            self.overflowed.store(true, Ordering::Relaxed);
+        }
+        if let Some(unlogged) = self.overflow_log.admit(now / 1_000) {
             tracing::warn!(
                 max_keys = self.max_per_shard().saturating_mul(SHARDS),
+                unlogged,
                 "the in-memory rate limiter is full of keys whose budgets are in use; until \
                  some recover, calls of keys it cannot track share one budget per rule \
-                 (logged once; counted in ratelimit_memory_overflow_total). Raise \
+                 (at most one line per 10 s, `unlogged`: those since the last line; all \
+                 counted in ratelimit_memory_overflow_total). Raise \
                  RateLimiterBuilder::max_keys if this is not a flood"
             );
         }
@@ -150,6 +158,7 @@ impl MemoryBackend {
                 max_per_shard: AtomicUsize::new(usize::MAX),
                 overflow: Overflow::default(),
                 overflowed: AtomicBool::new(false),
+                overflow_log: LogGate::new(),
                 #[cfg(feature = "metrics")]
                 overflow_counter: std::sync::OnceLock::new(),
                 #[cfg(test)]
@@ -172,7 +181,7 @@ impl MemoryBackend {
     /// - a key it cannot store is charged to an overflow budget of its rule,
     ///   one per rule (by its numbers), shared by every key it could not
     ///   store: under a flood of new keys those share one budget until keys
-    ///   recover. Logged once (`warn`), counted in the metric
+    ///   recover. Logged (`warn`) at most once per 10 s, counted in the metric
     ///   `ratelimit_memory_overflow_total` (feature `metrics`).
     ///
     /// A call at the cap costs a small constant more than one of a tracked
@@ -204,16 +213,29 @@ impl MemoryBackend {
     /// this). A concurrency rule takes a lease that is never released (it
     /// expires after the rule's period): use the limiter's `acquire` for those.
     pub fn check_now(&self, rule: &Rule, key: &str, cost: u64) -> Decision {
-        self.update(rule, key, |slot, now| {
+        self.charge_now(rule, key, cost).0
+    }
+
+    /// [`check_now`](MemoryBackend::check_now), with what an allowed call
+    /// took: the [`Charge`] that [`refund_now`](MemoryBackend::refund_now)
+    /// gives back.
+    pub fn charge_now(&self, rule: &Rule, key: &str, cost: u64) -> (Decision, Option<Charge>) {
+        let (outcome, now) = self.update(rule, key, |slot, now| {
             algorithm::check(slot, rule, now, cost)
-        })
+        });
+        let charge = outcome.allowed.then(|| {
+            let stamp = algorithm::stamp(rule.algorithm(), rule.period_us(), now, &outcome);
+            Charge::new(cost, Some(stamp), false)
+        });
+        (outcome.decision(rule), charge)
     }
 
     /// Takes `cost` units of a concurrency rule for lease `id`.
     pub(crate) fn acquire_now(&self, rule: &Rule, key: &str, cost: u64, id: u64) -> Decision {
-        self.update(rule, key, |slot, now| {
+        let (outcome, _) = self.update(rule, key, |slot, now| {
             algorithm::acquire(slot, rule, now, cost, id)
-        })
+        });
+        outcome.decision(rule)
     }
 
     /// Gives back lease `id` of a concurrency rule.
@@ -234,21 +256,24 @@ impl MemoryBackend {
         self.look(rule, key, true, |_, _| ())
     }
 
-    /// Gives back `units` of `key`'s budget (see [`Backend::refund`]), then
-    /// answers as [`peek_now`](MemoryBackend::peek_now). A key a full store
-    /// does not track was charged to its rule's overflow budget: that
-    /// budget gets them back.
+    /// Gives back what `charge` took from `key`'s budget, where it is still
+    /// counted (see [`Backend::refund`]), then answers as
+    /// [`peek_now`](MemoryBackend::peek_now). A key a full store does not
+    /// track was charged to its rule's overflow budget: that budget gets
+    /// them back.
     ///
     /// # Errors
     ///
     /// [`Error::Unsupported`] for a `concurrency` rule (a lease is given
     /// back by its permit).
-    pub fn refund_now(&self, rule: &Rule, key: &str, units: u64) -> Result<Decision, Error> {
+    pub fn refund_now(&self, rule: &Rule, key: &str, charge: &Charge) -> Result<Decision, Error> {
         if algorithm::spec(rule.algorithm()).refund.is_none() {
             return Err(Error::Unsupported("refunds under a concurrency rule"));
         }
         Ok(self.look(rule, key, true, |slot, now| {
-            algorithm::refund(slot, rule, now, units);
+            if let Some(stamp) = charge.stamp() {
+                algorithm::refund(slot, rule, now, charge.units(), stamp);
+            }
         }))
     }
 
@@ -302,17 +327,18 @@ impl MemoryBackend {
         outcome.decision(rule)
     }
 
+    /// Runs `step` on the key's state: its outcome, and the time it ran at.
     fn update(
         &self,
         rule: &Rule,
         key: &str,
         step: impl FnOnce(&mut Option<State>, u64) -> algorithm::Outcome,
-    ) -> Decision {
+    ) -> (algorithm::Outcome, u64) {
         let now = self.inner.clock.now_micros();
         let hash = key_hash(&self.inner.hasher, key.as_bytes());
         let mut shard = self.shard(hash);
         if let Some(entry) = shard.find_mut(hash, key) {
-            return entry.slot.step(rule, now, step).decision(rule);
+            return (entry.slot.step(rule, now, step), now);
         }
         let outcome = match () {
             () if shard.room(self.inner.max_per_shard(), now, &self.inner.hasher) => {
@@ -334,13 +360,13 @@ impl MemoryBackend {
             }
             () => {
                 drop(shard);
-                self.inner.note_overflow();
+                self.inner.note_overflow(now);
                 self.inner
                     .overflow
                     .with(rule, now, |slot| slot.step(rule, now, step))
             }
         };
-        outcome.decision(rule)
+        (outcome, now)
     }
 
     /// How many keys the store holds, expired ones not yet reclaimed included.
@@ -393,8 +419,8 @@ impl Backend for MemoryBackend {
         Ok(self.peek_now(rule, key))
     }
 
-    async fn refund(&self, rule: &Rule, key: &str, units: u64) -> Result<Decision, Error> {
-        self.refund_now(rule, key, units)
+    async fn refund(&self, rule: &Rule, key: &str, charge: Charge) -> Result<Decision, Error> {
+        self.refund_now(rule, key, &charge)
     }
 
     async fn reset(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {

@@ -9,12 +9,15 @@ use std::time::Duration;
 use tokio::sync::{OwnedMutexGuard, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::codec::{self, Call, Op};
-use super::connection::{Busy, Conn, Target, call_script, not_run, script_call};
+use super::codec::{self, Call, Clock, Op};
+use super::connection::{
+    Busy, Conn, Target, call_script, functions_refused, not_run, not_sent, script_call,
+};
+use super::give_back::{self, Delivered, Settled};
 use super::nodes;
 use super::scripts::Scripts;
 use super::{Expired, RedisBackend, Stopped, TimedOut};
-use crate::algorithm::{Outcome, spec};
+use crate::algorithm::Outcome;
 use crate::backend::StoredKey;
 use crate::error::Error;
 
@@ -37,11 +40,15 @@ const RELEASED: Outcome = Outcome {
     retry_after_us: 0,
 };
 
+/// What a job that ran answers: its outcome, and the time it ran at (µs of
+/// the server's clock, or the time it was given; `None` when unknown).
+pub(super) type Ran = (Outcome, Option<u64>);
+
 /// Where a job's answer arrives.
-pub(super) type Answer = oneshot::Receiver<Result<Outcome, Error>>;
+pub(super) type Answer = oneshot::Receiver<Result<Delivered, Error>>;
 
 /// Where a job's answer goes.
-type Reply = oneshot::Sender<Result<Outcome, Error>>;
+type Reply = oneshot::Sender<Result<Delivered, Error>>;
 
 /// One check (or release) waiting to be sent in a batch.
 pub(super) struct Job {
@@ -76,9 +83,20 @@ impl Job {
         self.reply.as_ref().is_some_and(|reply| !reply.is_closed())
     }
 
-    fn answer(mut self, answer: Result<Outcome, Error>) {
+    /// A job whose caller is gone, or was never there: it runs unless
+    /// nothing needs it (see [`Job::must_run`]).
+    pub(super) fn detached(key: StoredKey, call: Call) -> Job {
+        Job {
+            key,
+            call,
+            deadline: Instant::now() + Duration::from_secs(1),
+            reply: None,
+        }
+    }
+
+    fn fail(mut self, error: Error) {
         if let Some(reply) = self.reply.take() {
-            let _ = reply.send(answer);
+            let _ = reply.send(Err(error));
         }
     }
 
@@ -87,28 +105,6 @@ impl Job {
     fn must_run(&self) -> bool {
         self.call.op == Op::Release || self.reply.is_none()
     }
-}
-
-/// What gives back the units an allowed check took for a caller that did
-/// not hear of it (it stopped waiting, or the answer never came in time):
-/// the release of its lease, or a refund of its cost. `None` for what is not
-/// a check, and where the algorithm has no refund.
-fn give_back_of(key: &StoredKey, call: &Call) -> Option<Job> {
-    let op = match call.op {
-        Op::Check(_) if call.lease.is_some() => Op::Release,
-        Op::Check(algorithm) if spec(algorithm).refund.is_some() => Op::Refund(algorithm),
-        _ => return None,
-    };
-    Some(Job {
-        key: key.clone(),
-        call: Call {
-            op,
-            deadline: None,
-            ..*call
-        },
-        deadline: Instant::now() + Duration::from_secs(1),
-        reply: None,
-    })
 }
 
 /// The queue of the task that sends coalesced checks, and that task.
@@ -271,7 +267,7 @@ pub(super) async fn run_batches(
 /// Jobs in the groups that go in one script call each: all of them on a
 /// single server; on a cluster, one group per master by the slot map, or
 /// each alone where no map is known (see [`nodes`]).
-fn by_call(jobs: Vec<Job>, conn: &Conn) -> Vec<Vec<Job>> {
+pub(super) fn by_call(jobs: Vec<Job>, conn: &Conn) -> Vec<Vec<Job>> {
     if !matches!(conn.target, Target::Cluster(_)) {
         return vec![jobs];
     }
@@ -329,7 +325,7 @@ pub(super) async fn send_batch(
     jobs.retain(|job| job.must_run() || job.is_waited_for());
     let now = Instant::now();
     for late in jobs.extract_if(.., |job| !job.must_run() && job.deadline <= now) {
-        late.answer(Err(Error::backend(Expired(timeout))));
+        late.fail(Error::backend(Expired(timeout)));
     }
     let Some(latest) = jobs.iter().map(|job| job.deadline).max() else {
         return;
@@ -339,7 +335,7 @@ pub(super) async fn send_batch(
     // The checks that keep a string state first (each key's first one read
     // ahead), then the other checks, then the releases (see batch.lua).
     jobs.sort_unstable_by_key(Job::place);
-    let checks = jobs.partition_point(|job| job.place() < 2);
+    let checks = jobs.partition_point(|job| job.place() < 3);
     let strings = jobs.partition_point(|job| job.place() < 1);
     let read_ahead = firsts_first(&mut jobs[..strings]);
     // Each check's deadline in the server's time, less a margin for its
@@ -384,11 +380,22 @@ pub(super) async fn send_batch(
                 cmd
             };
             let route = spread.then(|| wire[0].0.as_bytes());
+            conn.restore_functions(&scripts);
             let mut live = conn.get(&scripts).await?;
-            match call_script::<Vec<u8>>(&mut live, &conn, &scripts, script, route, call).await {
+            let reply = call_script::<Vec<u8>>(&mut live, &conn, script, route, call).await;
+            // A refusal just met: the library is tried again at once where
+            // it was only missing.
+            conn.restore_functions(&scripts);
+            match reply {
                 Ok(reply) if codec::not_here(&reply) => Err(Error::backend(NotHere)),
-                // A redirect or a node not ready: nothing ran.
-                Err(error) if spread && not_run(&error) => Err(Error::backend(NotHere)),
+                // A redirect, a node not ready, or the library refused:
+                // nothing ran (alone, each call goes by EVALSHA).
+                Err(error)
+                    if spread
+                        && (not_run(&error) || functions_refused(&error) || not_sent(&error)) =>
+                {
+                    Err(Error::backend(NotHere))
+                }
                 Ok(reply) => Ok(reply),
                 Err(error) => {
                     // A cluster connection that is gone is made again next time.
@@ -461,7 +468,7 @@ pub(super) async fn send_batch(
 /// gives back what an allowed check took for a caller no longer waiting.
 fn settle(
     reply: Result<Vec<u8>, Error>,
-    wire: &[(StoredKey, Call)],
+    wire: &Arc<[(StoredKey, Call)]>,
     checks: usize,
     replies: Vec<(Instant, Option<Reply>)>,
     conn: &Arc<Conn>,
@@ -471,10 +478,15 @@ fn settle(
     if let Err(Error::Backend(error)) = &reply
         && error.is::<NotHere>()
     {
-        send_alone(wire, replies, conn, scripts, timeout);
+        let jobs = wire.iter().zip(replies);
+        send_alone(
+            jobs.map(|((key, call), sent)| (key, call, sent)),
+            conn,
+            scripts,
+            timeout,
+        );
         return;
     }
-    let replies = replies.into_iter().map(|(_, reply)| reply);
     match reply.and_then(|reply| codec::decode(&reply, checks)) {
         Ok((answers, server_time)) => {
             if let Some(time) = server_time {
@@ -483,27 +495,62 @@ fn settle(
             // The checks' answers, in order; the releases after them get none.
             let mut answers = answers.into_iter();
             let mut give_backs = Vec::new();
-            for ((key, call), reply) in wire.iter().zip(replies) {
+            let mut refused = Vec::new();
+            // Made for the first answer that may be left unread.
+            let mut batch: Option<Arc<Settled>> = None;
+            for (i, ((key, call), (deadline, reply))) in wire.iter().zip(replies).enumerate() {
                 let answer = answers.next().unwrap_or(codec::Answer::Ran(RELEASED));
-                let waited = reply.as_ref().is_some_and(|reply| !reply.is_closed());
-                if let (codec::Answer::Ran(outcome), false) = (answer, waited)
-                    && outcome.allowed
-                    && let Some(job) = give_back_of(key, call)
-                {
-                    tracing::debug!(
-                        "Redis allowed a check whose caller had stopped waiting: given back"
-                    );
-                    give_backs.push(job);
-                }
-                if let Some(reply) = reply {
-                    let _ = reply.send(match answer {
-                        codec::Answer::Ran(outcome) => Ok(outcome),
-                        codec::Answer::Late => Err(Error::backend(Expired(timeout))),
-                    });
+                let now = match call.clock {
+                    Clock::Server => server_time,
+                    Clock::Fixed(now) => Some(now),
+                };
+                let outcome = match answer {
+                    codec::Answer::Ran(outcome) => outcome,
+                    codec::Answer::Late => {
+                        if let Some(reply) = reply {
+                            let _ = reply.send(Err(Error::backend(Expired(timeout))));
+                        }
+                        continue;
+                    }
+                    codec::Answer::Refused => {
+                        refused.push((key, call, (deadline, reply)));
+                        continue;
+                    }
+                };
+                let holds = outcome.allowed && give_back::holds(call);
+                match reply {
+                    Some(reply) if !reply.is_closed() => {
+                        // Left unread (its caller goes away before it reads
+                        // it), the answer gives back what it holds.
+                        let unread = holds.then(|| {
+                            let batch = batch.get_or_insert_with(|| {
+                                Arc::new(Settled {
+                                    wire: Arc::clone(wire),
+                                    conn: Arc::clone(conn),
+                                    scripts: Arc::clone(scripts),
+                                    timeout,
+                                })
+                            });
+                            (Arc::clone(batch), i)
+                        });
+                        let _ = reply.send(Ok(Delivered::new((outcome, now), unread)));
+                    }
+                    _ if holds => {
+                        if let Some(job) = give_back::give_back_of(key, call, &outcome, now) {
+                            tracing::debug!(
+                                "Redis allowed a check whose caller had stopped waiting: given back"
+                            );
+                            give_backs.push(job);
+                        }
+                    }
+                    _ => {}
                 }
             }
+            if !refused.is_empty() {
+                send_alone(refused.into_iter(), conn, scripts, timeout);
+            }
             if !give_backs.is_empty() {
-                tokio::spawn(give_back(
+                tokio::spawn(give_back::give_back(
                     give_backs,
                     Arc::clone(conn),
                     Arc::clone(scripts),
@@ -513,35 +560,21 @@ fn settle(
         }
         Err(error) => {
             let error = Shared::new(error);
-            for reply in replies.into_iter().flatten() {
-                let _ = reply.send(Err(Error::backend(error.clone())));
+            for (_, reply) in replies {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(Error::backend(error.clone())));
+                }
             }
         }
     }
 }
 
-/// Sends what is given back for callers that are gone: the releases of
-/// their leases and the refunds of their checks (boxed: a batch that sends
-/// them is itself a batch).
-fn give_back(
-    jobs: Vec<Job>,
-    conn: Arc<Conn>,
-    scripts: Arc<Scripts>,
-    timeout: Duration,
-) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
-    Box::pin(async move {
-        for calls in by_call(jobs, &conn) {
-            send_batch(calls, &conn, &scripts, timeout).await;
-        }
-    })
-}
-
-/// Sends each call of a cluster batch that did not run (its master did not
-/// serve all its keys) again, alone, routed by its own key, by its caller's
-/// deadline; and asks the cluster for its slot map anew.
-fn send_alone(
-    wire: &[(StoredKey, Call)],
-    replies: Vec<(Instant, Option<Reply>)>,
+/// Sends each of these calls of a cluster batch that did not run (their
+/// master did not serve all the batch's keys, or refused a write of
+/// theirs) again, alone, routed by its own key, by its caller's deadline;
+/// and asks the cluster for its slot map anew.
+fn send_alone<'a>(
+    jobs: impl Iterator<Item = (&'a StoredKey, &'a Call, (Instant, Option<Reply>))>,
     conn: &Arc<Conn>,
     scripts: &Arc<Scripts>,
     timeout: Duration,
@@ -549,7 +582,7 @@ fn send_alone(
     tracing::debug!(
         "a cluster batch reached a master that does not serve all its keys: sent again one by one"
     );
-    for ((key, call), (deadline, reply)) in wire.iter().zip(replies) {
+    for (key, call, (deadline, reply)) in jobs {
         // A check or a peek only for a caller who still waits; a release
         // or a give-back whether or not anyone does.
         if reply.is_none() && matches!(call.op, Op::Check(_) | Op::Peek(_)) {
@@ -578,11 +611,12 @@ fn send_alone(
 /// A job's answer. The batch task gives it by the job's deadline, or drops
 /// the job when the task is gone (its runtime ended).
 pub(super) async fn answered(
-    answer: impl Future<Output = Result<Result<Outcome, Error>, oneshot::error::RecvError>>,
-) -> Result<Outcome, Error> {
-    answer
-        .await
-        .unwrap_or_else(|_| Err(Error::backend(Stopped)))
+    answer: impl Future<Output = Result<Result<Delivered, Error>, oneshot::error::RecvError>>,
+) -> Result<Ran, Error> {
+    match answer.await {
+        Ok(answer) => answer.map(Delivered::read),
+        Err(_) => Err(Error::backend(Stopped)),
+    }
 }
 
 /// Puts the first check of each key first, and a key's later checks (a hot
@@ -647,5 +681,58 @@ impl std::error::Error for Shared {
             Error::Backend(source) => source.source(),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::codec::Clock;
+    use super::*;
+    use crate::rule::{Algorithm, Rule};
+
+    fn jobs(keys: &[&str]) -> Vec<Job> {
+        let rule = Rule::new(Algorithm::FixedWindow, 10, Duration::from_secs(1));
+        keys.iter()
+            .map(|key| {
+                let call = Call::new(Op::Check(rule.algorithm()), &rule, 1, Clock::Server, None);
+                Job::new(key, call, Instant::now()).0
+            })
+            .collect()
+    }
+
+    fn keys(jobs: &[Job]) -> Vec<&str> {
+        jobs.iter()
+            .map(|job| std::str::from_utf8(job.key.as_bytes()).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn each_key_comes_first_once_and_its_later_checks_after_all_firsts() {
+        let mut batch = jobs(&["b", "a", "b", "c", "a", "b"]);
+        let firsts = firsts_first(&mut batch);
+        assert_eq!(firsts, 3);
+        assert_eq!(keys(&batch[..firsts]), ["a", "b", "c"]);
+        let mut repeats = keys(&batch[firsts..]);
+        repeats.sort_unstable();
+        assert_eq!(repeats, ["a", "b", "b"]);
+        // Keys held in place and keys too long for that sort alike.
+        let long = "k".repeat(crate::backend::INLINE_KEY + 1);
+        let mut batch = jobs(&[&long, "a", &long, "a"]);
+        assert_eq!(firsts_first(&mut batch), 2);
+        assert_eq!(keys(&batch[..2]), ["a", long.as_str()]);
+        let mut repeats = keys(&batch[2..]);
+        repeats.sort_unstable();
+        assert_eq!(repeats, ["a", long.as_str()]);
+    }
+
+    #[test]
+    fn distinct_keys_are_all_read_ahead() {
+        for n in 0..4 {
+            let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+            let mut batch = jobs(&names.iter().map(String::as_str).collect::<Vec<_>>());
+            assert_eq!(firsts_first(&mut batch), n);
+        }
+        let mut same = jobs(&["k"; 5]);
+        assert_eq!(firsts_first(&mut same), 1);
     }
 }

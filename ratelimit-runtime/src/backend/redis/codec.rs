@@ -12,38 +12,43 @@
 //! | `ARGV[3]` | the costs, one big-endian double per check then per release; empty when every cost is 1 |
 //! | `ARGV[4]` | how many checks, first in `KEYS`, keep a string state and are the first of their key: the script reads them all in one `MGET` |
 //! | `ARGV[5]` | the checks' deadlines in the server's time (µs), big-endian doubles: the earliest, then one per check; empty when none has one. A check the script reaches after its deadline is not run: its caller has stopped waiting, and counting it would be a phantom count |
-//! | `ARGV[6..]` | the lease ids in decimal (64 bits do not fit a double): one per check whose rule carries one, in order, then one per release |
+//! | `ARGV[6..]` | the lease ids in decimal (64 bits do not fit a double): one per check whose rule carries one, in order, then one per release; a refund's is the stamp of the charge it gives back |
 //!
 //! A call that goes alone, where the function library is loaded, is an
 //! `FCALL` of its function `one` instead (`lua/one.lua`, [`encode_one`]):
 //! `KEYS[1]` its key, `ARGV[1]` 7 big-endian doubles (op id, count, burst,
-//! period, clock, cost, deadline; 2^53 when none), `ARGV[2]` its lease id if
-//! it has one. It answers as a batch of one.
+//! period, clock, cost, deadline; 2^53 when none), `ARGV[2]` its lease id
+//! (or a refund's stamp) if it has one. It answers as a batch of one.
 //!
 //! Peeks, refunds and resets go as checks (with their own op ids; see
 //! [`Op::id`]): each answers what a check of cost 1 would answer next.
 //!
 //! The answer is 4 big-endian doubles per check, packed in one string:
-//! allowed (1/0, or 2: not run, past its deadline), remaining, reset after
-//! (µs), retry after (µs); then the server's time (µs) as the script read
-//! it, or -1 if it read none. Releases answer nothing. Every number is a
-//! whole number below 2^53, exact as a double; packing spares the server
-//! formatting and parsing text.
+//! allowed (1/0, or 2: not run, past its deadline; or 3: a cluster master's
+//! batch met a write the master refused, and the check is to go again
+//! alone), remaining, reset after (µs), retry after (µs); then the server's
+//! time (µs) as the script read it, or -1 if it read none. Releases answer
+//! nothing. Every number is a whole number below 2^53, exact as a double;
+//! packing spares the server formatting and parsing text.
 //!
 //! What each algorithm keeps under its key (one key per rule and subject).
 //! Every write sets a TTL. String states start with a 4-byte header, `"rl"`,
-//! the format's version (1) and the algorithm's tag, and have an exact
-//! length; sorted sets carry a mark member. A value without them (someone's
-//! own key under the prefix, or another algorithm's state) is never read as
-//! state: it counts as no state, and the next write replaces it.
+//! the format's version and the algorithm's tag, and have an exact length;
+//! sorted sets carry a mark member. A value without them (someone's own key
+//! under the prefix, or another algorithm's state) is never read as state:
+//! it counts as no state, and the next write replaces it. A state of an
+//! earlier version is read as it was written and written anew in the
+//! current one. A key is written in place, never deleted and made again
+//! within a call (a key made anew while its slot migrates is refused by the
+//! master it was on).
 //!
 //! | algorithm | Redis type | value |
 //! |---|---|---|
 //! | fixed window | string | `"rl\x01F"` + (used, window end µs) |
-//! | sliding log | string, then sorted set | `"rl\x01L"` + the units' times (µs), oldest first; past 16 units a sorted set, one member per call (units through it, its units) scored by its time, and the mark `"rl\x01S"` |
-//! | sliding window | string | `"rl\x01W"` + (window start µs, current count, previous count) |
-//! | token bucket | string | `"rl\x01T"` + (tokens in fixed point, last update µs) |
-//! | GCRA | string | `"rl\x01G"` + (theoretical arrival µs, remainder in 1/count µs) |
+//! | sliding log | sorted set | one member per call (units through it, its units) scored by its time, and the mark `"rl\x02S"` scored +inf |
+//! | sliding window | string | `"rl\x02W"` + (window start µs, current count, previous count, when the counting began µs) |
+//! | token bucket | string | `"rl\x02T"` + (tokens in fixed point, last update µs, the period µs the tokens are counted under, when the bucket began µs) |
+//! | GCRA | string | `"rl\x02G"` + (theoretical arrival µs, remainder in 1/count µs, when the bucket began µs) |
 //! | concurrency | sorted set | a member per lease (`"<id>"`, or `"<id>:<units>"`), scored by its expiry (µs); the marks `"rl\x01C"` (minus the units beyond one of the leases that take several) and `"rl\x01E"` (minus the end of the key's TTL) |
 //!
 //! Numbers after the header are big-endian doubles. No call's work grows
@@ -129,15 +134,16 @@ impl Call {
         }
     }
 
-    /// Where the call goes in a batch: 0 a check whose state is a string
-    /// (read ahead; a sliding log's is, until it outgrows one), 1 a check
-    /// that holds leases (a sorted set), 2 a release.
+    /// Where the call goes in a batch: 0 a check (or peek) whose state is
+    /// a string (read ahead), 1 one whose state is a sorted set, 2 a
+    /// refund or a reset, 3 a release. Refunds and resets after every
+    /// check: a key they delete is not made again in the same call.
     pub(super) fn place(&self) -> u8 {
         match self.op {
-            Op::Release => 2,
-            Op::Reset(_) => 1,
-            _ if spec(self.algorithm).leases => 1,
-            _ => 0,
+            Op::Release => 3,
+            Op::Reset(_) | Op::Refund(_) => 2,
+            _ if spec(self.algorithm).string => 0,
+            _ => 1,
         }
     }
 
@@ -273,6 +279,8 @@ pub(super) enum Answer {
     Ran(Outcome),
     /// The script reached it after its deadline and did not run it.
     Late,
+    /// A cluster master refused a write of it: it goes again alone.
+    Refused,
 }
 
 /// The checks' answers from the script's reply, and the server's time as
@@ -297,6 +305,9 @@ pub(super) fn decode(reply: &[u8], checks: usize) -> Result<(Vec<Answer>, Option
             let n = |i: usize| number(&answer[8 * i..8 * i + 8]);
             if n(0) == 2.0 {
                 return Answer::Late;
+            }
+            if n(0) == 3.0 {
+                return Answer::Refused;
             }
             Answer::Ran(Outcome {
                 allowed: n(0) == 1.0,

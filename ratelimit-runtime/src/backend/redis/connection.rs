@@ -3,20 +3,27 @@
 //! reload a script or library the server lost.
 
 use std::ops::Deref;
-use std::sync::PoisonError;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, PoisonError};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RetryMethod, Script, ServerErrorKind};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, RedisError, RetryMethod, Script, ServerErrorKind, Value,
+};
 
 use super::nodes::SlotMap;
 use super::scripts::{Library, Scripts};
 use super::within;
 use crate::error::Error;
+
+/// What is told of a key whose units were given back.
+pub(crate) type GivenBack = Box<dyn Fn(&str) + Send + Sync>;
 
 /// Counts one script call on its way while it lives.
 pub(super) struct Busy<T: Deref<Target = AtomicUsize>>(T);
@@ -51,6 +58,14 @@ pub(super) struct Conn {
     pub(super) try_functions: bool,
     /// Whether batches go by `FCALL` (the library is loaded) or `EVALSHA`.
     pub(super) functions: AtomicBool,
+    /// After the library was refused (or found missing), when (ms from
+    /// `origin`) it is tried again, and the wait before the try after that.
+    pub(super) functions_retry: (AtomicU64, AtomicU64),
+    /// Whether a try of the library is on its way.
+    pub(super) restoring: AtomicBool,
+    /// Told each key whose units were given back for a caller that had
+    /// stopped waiting (the limiter's over-limit cache forgets it).
+    pub(super) given_back: OnceLock<GivenBack>,
     /// A cluster's masters by slot, as it last said (`None`: not known, or
     /// not a cluster): checks are coalesced per master where it is known.
     pub(super) slots: std::sync::RwLock<Option<std::sync::Arc<SlotMap>>>,
@@ -114,11 +129,28 @@ impl Live {
                 // not run it (a redirect, a replica's READONLY, TRYAGAIN,
                 // CLUSTERDOWN, LOADING) or it was never sent (no connection
                 // to the slot's node). A dropped connection is the caller's
-                // error: the node may have run the script.
+                // error: the node may have run the script. An ASK (the key's
+                // slot is migrating, and the key is not on the node that
+                // serves it) goes at once to the node it names, after ASKING.
                 let mut tries = 0;
+                let mut asked = None;
                 loop {
-                    match cmd.query_async(conn).await {
-                        Err(e) if tries < CLUSTER_TRIES && not_run(&e) => {
+                    let reply = match asked.take() {
+                        None => cmd.query_async(conn).await,
+                        Some(node) => ask(conn, cmd, node).await,
+                    };
+                    match reply {
+                        Err(e) if tries < CLUSTER_TRIES && e.kind() == ASK => {
+                            tries += 1;
+                            asked = e.redirect_node().and_then(|(node, _)| {
+                                let (host, port) = node.rsplit_once(':')?;
+                                Some((host.to_owned(), port.parse().ok()?))
+                            });
+                            if asked.is_none() {
+                                return Err(e);
+                            }
+                        }
+                        Err(e) if tries < CLUSTER_TRIES && (not_run(&e) || refused_write(&e)) => {
                             // Time for the client to learn the new slot map
                             // (or the node to be ready): 20, 40, 80 ms.
                             tries += 1;
@@ -152,8 +184,11 @@ impl Live {
                 let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
                     Route::with_key(key, SlotAddr::Master),
                 ));
+                // A server's error comes back as a value: made an error
+                // again (not a type error), so that the caller sees what it
+                // says (a function missing, a refusal).
                 let value = conn.route_command(cmd.clone(), route).await?;
-                Ok(T::from_redis_value(value)?)
+                Ok(T::from_redis_value(value.extract_error()?)?)
             }
             (live, _) => live.query(cmd).await,
         }
@@ -177,13 +212,13 @@ impl Live {
         }
     }
 
-    /// Loads the library and calls its function once with an empty batch
-    /// (which answers nothing): a user may be allowed `FUNCTION` but not
-    /// `FCALL`.
+    /// Makes sure the library can be called: calls its function once with
+    /// an empty batch (which answers nothing), and where it is not loaded,
+    /// loads it and calls it again. On a cluster every master is asked (one
+    /// may have lost it while the others have it), and it is loaded on
+    /// every master. A user may be allowed `FCALL` but not `FUNCTION`, or
+    /// the other way round.
     pub(super) async fn load_library(&mut self, library: &Library) -> Result<(), RedisError> {
-        let mut load = redis::cmd("FUNCTION");
-        load.arg("LOAD").arg("REPLACE").arg(&library.source);
-        self.query::<String>(&load).await?;
         let mut probe = redis::cmd("FCALL");
         probe
             .arg(&library.function)
@@ -193,9 +228,74 @@ impl Live {
             .arg("")
             .arg(0)
             .arg("");
-        self.query::<Vec<u8>>(&probe).await.map(drop)
+        match self.everywhere(&probe).await {
+            Err(error) if function_missing(&error) => {}
+            reply => return reply,
+        }
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg("REPLACE").arg(&library.source);
+        self.everywhere(&load).await?;
+        self.everywhere(&probe).await
+    }
+
+    /// Sends `cmd` to the server, or to every master of a cluster: the
+    /// first error any of them answered.
+    async fn everywhere(&mut self, cmd: &Cmd) -> Result<(), RedisError> {
+        let Live::Cluster(conn) = self else {
+            return self.query::<Value>(cmd).await.map(drop);
+        };
+        let route = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        // Each master's answer, by its address.
+        match conn.route_command(cmd.clone(), route).await? {
+            Value::Map(answers) => answers
+                .into_iter()
+                .try_for_each(|(_, answer)| answer.extract_error().map(drop)),
+            answer => answer.extract_error().map(drop),
+        }
     }
 }
+
+/// A pipeline of `ASKING` and `cmd`, to the node `host:port`: `cmd`'s answer.
+async fn ask<T: FromRedisValue>(
+    conn: &mut ClusterConnection,
+    cmd: &Cmd,
+    (host, port): (String, u16),
+) -> Result<T, RedisError> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("ASKING").add_command(cmd.clone());
+    let route = SingleNodeRoutingInfo::ByAddress { host, port };
+    let mut values = conn.route_pipeline(pipe, 1, 1, route).await?;
+    let value = values.pop().unwrap_or(Value::Nil);
+    Ok(T::from_redis_value(value.extract_error()?)?)
+}
+
+/// A `node` call where the library is not in use: only `FCALL` takes keys
+/// of several slots. Nothing was sent.
+fn node_call_without_functions() -> RedisError {
+    RedisError::from((
+        ErrorKind::Client,
+        "a batch of keys of several slots needs the function library",
+    ))
+}
+
+/// Whether `error` says a call was not sent: a `node` call without the
+/// library.
+pub(super) fn not_sent(error: &RedisError) -> bool {
+    error.kind() == ErrorKind::Client
+}
+
+/// Whether `error` says a script's write was refused by a node that no
+/// longer serves its key's slot (a key made anew in a migrating slot). The
+/// scripts make a key anew only where it held no state of theirs, so what
+/// the call wrote before counted nothing: it is sent again.
+fn refused_write(error: &RedisError) -> bool {
+    error
+        .detail()
+        .is_some_and(|detail| detail.contains("attempted to access a non local key"))
+}
+
+/// An `ASK` redirect.
+const ASK: ErrorKind = ErrorKind::Server(ServerErrorKind::Ask);
 
 /// Whether `error` says the function called is not loaded (the server
 /// restarted, or its functions were flushed).
@@ -204,6 +304,24 @@ pub(super) fn function_missing(error: &RedisError) -> bool {
         .detail()
         .is_some_and(|detail| detail.starts_with("Function not found"))
 }
+
+/// Whether `error` is a refusal of `FCALL` itself, so that it did not run:
+/// the function is not loaded, the user may not call it (an ACL), or the
+/// server has no such command (older, or a proxy).
+pub(super) fn functions_refused(error: &RedisError) -> bool {
+    function_missing(error)
+        || error.code() == Some("NOPERM")
+        || error.detail().is_some_and(|detail| {
+            detail.starts_with("unknown command") || detail.starts_with("unknown subcommand")
+        })
+}
+
+/// The first wait before the library is tried again after a refusal, and
+/// the longest (each try that fails doubles it).
+const FUNCTIONS_RETRY: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(8));
+
+/// [`FUNCTIONS_RETRY`]'s first wait, in ms.
+pub(super) const FIRST_FUNCTIONS_RETRY_MS: u64 = FUNCTIONS_RETRY.0.as_millis() as u64;
 
 /// The head of a script call: `FCALL` of the library's function `name`, or
 /// `EVALSHA` of `script`.
@@ -220,17 +338,19 @@ pub(super) fn script_call(function: bool, name: &str, script: &Script) -> Cmd {
 }
 
 /// One script call: an `FCALL` of the library's function (`call(true)`,
-/// sent to the master of `route`'s slot when given)
-/// where the library is loaded, else an `EVALSHA` of `script`
-/// (`call(false)`). A library the server lost (a restart, `FUNCTION FLUSH`)
-/// is loaded again and the call sent once more; one that cannot be loaded
-/// now (Redis replaced by an older one, an ACL change) leaves scripts in use
-/// from then on. A script the server lost (`NOSCRIPT`) is loaded again and
-/// the call sent once more.
+/// sent to the master of `route`'s slot when given) where the library is
+/// loaded, else an `EVALSHA` of `script` (`call(false)`). A refusal of
+/// `FCALL` (the library lost to a restart or `FUNCTION FLUSH`, an ACL that
+/// denies it, a server without it) sends the call once more by `EVALSHA`
+/// (but a `node` call, whose keys `EVALSHA` cannot take: that refusal is the
+/// caller's to handle), and leaves scripts in use until the library is
+/// loaded again, which is tried later in the background (see
+/// [`Conn::restore_functions`]); an answer to `FCALL` that does not parse
+/// fails its call and does the same. A script the server lost (`NOSCRIPT`) is
+/// loaded again and the call sent once more.
 pub(super) async fn call_script<T: FromRedisValue>(
     live: &mut Live,
     conn: &Conn,
-    scripts: &Scripts,
     script: &Script,
     route: Option<&[u8]>,
     call: impl Fn(bool) -> Cmd,
@@ -239,14 +359,25 @@ pub(super) async fn call_script<T: FromRedisValue>(
         let cmd = call(true);
         // A `node` call goes to the master of the key it is routed by.
         match live.query_at(&cmd, route).await {
-            Err(e) if function_missing(&e) => {
-                if live.load_library(&scripts.library).await.is_ok() {
-                    return live.query_at(&cmd, route).await;
+            Err(e) if functions_refused(&e) => {
+                conn.functions_refused(&e);
+                if route.is_some() {
+                    return Err(e);
                 }
-                conn.functions.store(false, Ordering::Relaxed);
+            }
+            Err(e) if e.kind() == ErrorKind::Parse => {
+                // An answer the client could not read: a server without
+                // `FCALL` quotes the call's arguments (bytes, not text) in
+                // its "unknown command". That the call did not run cannot
+                // be told, so it fails; the calls after it go by `EVALSHA`
+                // until the library answers a call of text again.
+                conn.functions_refused(&e);
+                return Err(e);
             }
             reply => return reply,
         }
+    } else if route.is_some() {
+        return Err(node_call_without_functions());
     }
     let cmd = call(false);
     match live.query(&cmd).await {
@@ -275,6 +406,64 @@ pub(super) fn not_run(error: &RedisError) -> bool {
 }
 
 impl Conn {
+    /// `FCALL` was refused (`error`): calls go by `EVALSHA` until the
+    /// library is loaded again, tried at once where it was only missing,
+    /// else after a wait.
+    pub(super) fn functions_refused(&self, error: &RedisError) {
+        if self.functions.swap(false, Ordering::AcqRel) {
+            tracing::warn!(%error, "the function library was refused; checks go by EVALSHA");
+        }
+        let now = self.origin.elapsed().as_millis() as u64;
+        let wait = if function_missing(error) {
+            0
+        } else {
+            self.functions_retry.1.load(Ordering::Relaxed)
+        };
+        self.functions_retry.0.store(now + wait, Ordering::Release);
+    }
+
+    /// Where the library was refused and its time to be tried again has
+    /// come, tries it in the background (one try at a time): it is called,
+    /// and loaded where it is missing. Calls go by `FCALL` again once it
+    /// answers; each try that fails doubles the wait before the next.
+    pub(super) fn restore_functions(self: &Arc<Conn>, scripts: &Arc<super::scripts::Scripts>) {
+        if !self.try_functions
+            || self.functions.load(Ordering::Relaxed)
+            || (self.origin.elapsed().as_millis() as u64)
+                < self.functions_retry.0.load(Ordering::Acquire)
+            || self.restoring.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let (conn, scripts) = (Arc::clone(self), Arc::clone(scripts));
+        tokio::spawn(async move {
+            let tried = match conn.get(&scripts).await {
+                Ok(mut live) => live.load_library(&scripts.library).await.map(|()| live),
+                Err(_) => Err(RedisError::from((ErrorKind::Io, "no connection"))),
+            };
+            let (first, longest) = FUNCTIONS_RETRY;
+            match tried {
+                Ok(mut live) => {
+                    conn.functions_retry
+                        .1
+                        .store(first.as_millis() as u64, Ordering::Relaxed);
+                    conn.learn_slots(&mut live).await;
+                    conn.functions.store(true, Ordering::Release);
+                    tracing::info!("the function library answers again; checks go by FCALL");
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "the function library is still refused");
+                    let wait = conn.functions_retry.1.load(Ordering::Relaxed);
+                    let now = conn.origin.elapsed().as_millis() as u64;
+                    conn.functions_retry.0.store(now + wait, Ordering::Release);
+                    let next = (wait * 2).min(longest.as_millis() as u64);
+                    conn.functions_retry.1.store(next, Ordering::Relaxed);
+                }
+            }
+            conn.restoring.store(false, Ordering::Release);
+        });
+    }
+
     /// Learns from an answer the server's time (µs) as the script read it.
     /// The largest offset seen is kept: on a cluster, that of the node whose
     /// clock is furthest ahead, so a deadline is never earlier in any node's
@@ -406,11 +595,15 @@ impl Conn {
         }
         if self.try_functions {
             // Redis before 7, or a user whose ACL denies FUNCTION: the
-            // batch script goes by EVALSHA.
+            // batch script goes by EVALSHA (and the library is tried again
+            // later).
             match live.load_library(&scripts.library).await {
                 Ok(()) => self.functions.store(true, Ordering::Relaxed),
                 Err(error) => {
-                    tracing::debug!(%error, "no function library; batches go by EVALSHA")
+                    tracing::debug!(%error, "no function library; batches go by EVALSHA");
+                    let now = self.origin.elapsed().as_millis() as u64;
+                    let wait = self.functions_retry.1.load(Ordering::Relaxed);
+                    self.functions_retry.0.store(now + wait, Ordering::Release);
                 }
             }
         }

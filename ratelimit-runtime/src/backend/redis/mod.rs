@@ -8,13 +8,14 @@
 mod batch;
 mod codec;
 mod connection;
+mod give_back;
 mod nodes;
 mod scripts;
 mod tls;
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{self, AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{self, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::cluster::ClusterClient;
@@ -22,12 +23,13 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::Backend;
-use crate::algorithm::{Outcome, spec};
-use crate::decision::Decision;
+use crate::algorithm::{self, spec};
+use crate::decision::{Charge, Decision};
 use crate::error::Error;
 use crate::rule::Rule;
-use crate::secret::{redact_url, redact_urls};
-use batch::{Answer, Batching, Job, answered, send_batch};
+pub use crate::secret::redact_url;
+use crate::secret::redact_urls;
+use batch::{Answer, Batching, Job, Ran, answered, send_batch};
 use codec::{Call, Clock, Op};
 use connection::{Busy, Conn, Target};
 use scripts::Scripts;
@@ -101,7 +103,10 @@ pub struct ConnectOptions {
     /// alone, are then `FCALL`s of it, which cost the server several µs less
     /// a call than `EVALSHA` of a script that defines its helpers at every
     /// call. On by default; where the server has no functions, or the user
-    /// may not load them, calls go by `EVALSHA`. The library
+    /// may not load them, calls go by `EVALSHA`. A call whose `FCALL` is
+    /// refused (an ACL changed, the library lost to `FUNCTION FLUSH`) goes
+    /// again by `EVALSHA`, and so do the calls after it until the library,
+    /// tried again in the background, answers. The library
     /// (`ratelimit_<version>`) stays in Redis like any function: `FUNCTION
     /// DELETE` removes it.
     pub functions: bool,
@@ -320,6 +325,12 @@ impl RedisBackend {
                 connect_timeout: options.connect_timeout,
                 try_functions: options.functions,
                 functions: AtomicBool::new(false),
+                functions_retry: (
+                    AtomicU64::new(0),
+                    AtomicU64::new(connection::FIRST_FUNCTIONS_RETRY_MS),
+                ),
+                restoring: AtomicBool::new(false),
+                given_back: std::sync::OnceLock::new(),
                 slots: std::sync::RwLock::new(None),
                 origin: Instant::now(),
                 server_offset: std::sync::atomic::AtomicI64::new(i64::MIN),
@@ -363,30 +374,39 @@ impl RedisBackend {
     /// Runs one call: queued for the next batch when one is on its way,
     /// else sent at once as a batch of one (one round trip; two after the
     /// server lost the script or library).
-    async fn run(&self, key: &str, call: Call) -> Result<Outcome, Error> {
+    ///
+    /// A call sent alone runs in a future of its own. A caller that goes
+    /// away meanwhile (its future dropped: an outer timeout, a client that
+    /// left) leaves that future to finish in a task, so what Redis allowed
+    /// it is given back when the answer comes, as for a call of a batch.
+    async fn run(&self, key: &str, call: Call) -> Result<Ran, Error> {
         let deadline = Instant::now() + self.timeout;
         let job = Job::new(key, call, deadline);
         if let Some(batching) = self.queue_for_now() {
             return self.queued(batching, job).await;
         }
-        let _busy = Busy::enter(&*self.busy);
         let (job, answer) = job;
-        let send = async {
-            // Boxed: a batch's call is a large future, and inline it would
-            // make every check's future (each moved into its box) as large.
-            Box::pin(send_batch(
-                vec![job],
-                &self.conn,
-                &self.scripts,
-                self.timeout,
-            ))
-            .await;
-            answer.await
-        };
-        answered(send).await
+        let busy = Busy::enter(Arc::clone(&self.busy));
+        let (conn, scripts, timeout) = (
+            Arc::clone(&self.conn),
+            Arc::clone(&self.scripts),
+            self.timeout,
+        );
+        // Boxed: a batch's call is a large future, and inline it would make
+        // every check's future (each moved into its box) as large.
+        let mut sending = Unfinished(Some(Box::pin(async move {
+            let _busy = busy;
+            send_batch(vec![job], &conn, &scripts, timeout).await;
+        })));
+        if let Some(send) = &mut sending.0 {
+            send.await;
+        }
+        sending.0 = None;
+        answered(answer).await
     }
 
-    /// A check (or a lease taken, with `lease`) on `clock`.
+    /// A check (or a lease taken, with `lease`) on `clock`, and the stamp of
+    /// what an allowed check (not a lease) charged.
     async fn eval(
         &self,
         rule: &Rule,
@@ -394,12 +414,26 @@ impl RedisBackend {
         cost: u64,
         clock: Clock,
         lease: Option<u64>,
-    ) -> Result<Decision, Error> {
+    ) -> Result<(Decision, Option<u64>), Error> {
         let call = Call::new(Op::Check(rule.algorithm()), rule, cost, clock, lease);
-        Ok(self.run(key, call).await?.decision(rule))
+        let (outcome, now) = self.run(key, call).await?;
+        let stamp = now
+            .filter(|_| outcome.allowed && lease.is_none())
+            .map(|now| algorithm::stamp(rule.algorithm(), rule.period_us(), now, &outcome));
+        Ok((outcome.decision(rule), stamp))
     }
 
-    /// A peek, refund or reset on `clock`.
+    /// [`Backend::check`], and the stamp of what an allowed check charged.
+    pub(crate) async fn check_charged(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+    ) -> Result<(Decision, Option<u64>), Error> {
+        self.eval(rule, key, cost, Clock::Server, None).await
+    }
+
+    /// A peek, refund (`id`: the stamp of the charge) or reset on `clock`.
     async fn look(
         &self,
         op: Op,
@@ -407,19 +441,45 @@ impl RedisBackend {
         key: &str,
         units: u64,
         clock: Clock,
+        id: Option<u64>,
     ) -> Result<Decision, Error> {
         if matches!(op, Op::Refund(_)) && spec(rule.algorithm()).refund.is_none() {
             return Err(Error::Unsupported("refunds under a concurrency rule"));
         }
-        let call = Call::new(op, rule, units, clock, None);
-        Ok(self.run(key, call).await?.decision(rule))
+        let call = Call::new(op, rule, units, clock, id);
+        Ok(self.run(key, call).await?.0.decision(rule))
+    }
+
+    /// Gives back `charge` on `clock` (a charge with no stamp, of no
+    /// built-in backend, gives nothing back: a peek).
+    async fn refund_on(
+        &self,
+        rule: &Rule,
+        key: &str,
+        charge: &Charge,
+        clock: Clock,
+    ) -> Result<Decision, Error> {
+        let op = match charge.stamp() {
+            Some(_) => Op::Refund(rule.algorithm()),
+            None if spec(rule.algorithm()).refund.is_none() => Op::Refund(rule.algorithm()),
+            None => Op::Peek(rule.algorithm()),
+        };
+        self.look(op, rule, key, charge.units(), clock, charge.stamp())
+            .await
+    }
+
+    /// Tells `given_back` each key whose units were given back for a caller
+    /// that had stopped waiting (set once; the limiter's over-limit cache).
+    pub(crate) fn on_give_back(&self, given_back: connection::GivenBack) {
+        let _ = self.conn.given_back.set(given_back);
     }
 
     /// [`Backend::peek`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
     #[doc(hidden)]
     pub async fn peek_at(&self, rule: &Rule, key: &str, now: Duration) -> Result<Decision, Error> {
         let op = Op::Peek(rule.algorithm());
-        self.look(op, rule, key, 1, Clock::Fixed(micros(now))).await
+        self.look(op, rule, key, 1, Clock::Fixed(micros(now)), None)
+            .await
     }
 
     /// [`Backend::refund`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
@@ -428,11 +488,10 @@ impl RedisBackend {
         &self,
         rule: &Rule,
         key: &str,
-        units: u64,
+        charge: &Charge,
         now: Duration,
     ) -> Result<Decision, Error> {
-        let op = Op::Refund(rule.algorithm());
-        self.look(op, rule, key, units, Clock::Fixed(micros(now)))
+        self.refund_on(rule, key, charge, Clock::Fixed(micros(now)))
             .await
     }
 
@@ -440,7 +499,8 @@ impl RedisBackend {
     #[doc(hidden)]
     pub async fn reset_at(&self, rule: &Rule, key: &str, now: Duration) -> Result<Decision, Error> {
         let op = Op::Reset(rule.algorithm());
-        self.look(op, rule, key, 1, Clock::Fixed(micros(now))).await
+        self.look(op, rule, key, 1, Clock::Fixed(micros(now)), None)
+            .await
     }
 
     /// The batching, if this call should join the next batch: when
@@ -469,7 +529,7 @@ impl RedisBackend {
         &self,
         batching: &Batching,
         (job, answer): (Job, Answer),
-    ) -> Result<Outcome, Error> {
+    ) -> Result<Ran, Error> {
         if !batching.ensure_running(self) || batching.queue.send(job).is_err() {
             return Err(Error::backend(Stopped));
         }
@@ -502,8 +562,24 @@ impl RedisBackend {
         cost: u64,
         now: Duration,
     ) -> Result<Decision, Error> {
-        self.eval(rule, key, cost, Clock::Fixed(micros(now)), None)
-            .await
+        Ok(self.charge_at(rule, key, cost, now).await?.0)
+    }
+
+    /// [`check_at`](Self::check_at), with what an allowed check charged (as
+    /// [`MemoryBackend::charge_now`](crate::backend::memory::MemoryBackend::charge_now)).
+    #[doc(hidden)]
+    pub async fn charge_at(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        now: Duration,
+    ) -> Result<(Decision, Option<Charge>), Error> {
+        let (decision, stamp) = self
+            .eval(rule, key, cost, Clock::Fixed(micros(now)), None)
+            .await?;
+        let charge = decision.allowed.then(|| Charge::new(cost, stamp, false));
+        Ok((decision, charge))
     }
 
     /// [`Backend::acquire`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
@@ -516,8 +592,24 @@ impl RedisBackend {
         lease: u64,
         now: Duration,
     ) -> Result<Decision, Error> {
-        self.eval(rule, key, cost, Clock::Fixed(micros(now)), Some(lease))
-            .await
+        Ok(self
+            .eval(rule, key, cost, Clock::Fixed(micros(now)), Some(lease))
+            .await?
+            .0)
+    }
+}
+
+/// A lone call's future, until it has finished: dropped before (its caller
+/// gone), it is left to finish in a task on the current runtime.
+struct Unfinished(Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>);
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(send) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(send);
+        }
     }
 }
 
@@ -541,7 +633,7 @@ fn micros(d: Duration) -> u64 {
 
 impl Backend for RedisBackend {
     async fn check(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.eval(rule, key, cost, Clock::Server, None).await
+        Ok(self.eval(rule, key, cost, Clock::Server, None).await?.0)
     }
 
     async fn acquire(
@@ -551,7 +643,10 @@ impl Backend for RedisBackend {
         cost: u64,
         lease: u64,
     ) -> Result<Decision, Error> {
-        self.eval(rule, key, cost, Clock::Server, Some(lease)).await
+        Ok(self
+            .eval(rule, key, cost, Clock::Server, Some(lease))
+            .await?
+            .0)
     }
 
     async fn release(&self, rule: &Rule, key: &str, cost: u64, lease: u64) -> Result<(), Error> {
@@ -561,17 +656,16 @@ impl Backend for RedisBackend {
 
     async fn peek(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
         let op = Op::Peek(rule.algorithm());
-        self.look(op, rule, key, 1, Clock::Server).await
+        self.look(op, rule, key, 1, Clock::Server, None).await
     }
 
-    async fn refund(&self, rule: &Rule, key: &str, units: u64) -> Result<Decision, Error> {
-        let op = Op::Refund(rule.algorithm());
-        self.look(op, rule, key, units, Clock::Server).await
+    async fn refund(&self, rule: &Rule, key: &str, charge: Charge) -> Result<Decision, Error> {
+        self.refund_on(rule, key, &charge, Clock::Server).await
     }
 
     async fn reset(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
         let op = Op::Reset(rule.algorithm());
-        self.look(op, rule, key, 1, Clock::Server).await
+        self.look(op, rule, key, 1, Clock::Server, None).await
     }
 }
 
@@ -665,110 +759,3 @@ impl fmt::Display for Stopped {
 }
 
 impl std::error::Error for Stopped {}
-
-#[cfg(test)]
-mod tests {
-    use super::batch::firsts_first;
-    use super::scripts::{BIND, Library};
-    use super::*;
-    use crate::rule::Algorithm;
-
-    /// The library declares at load, and sets at each call, every name
-    /// bind.lua binds (a line of another shape would leave a name unset),
-    /// and is named after one version of all it runs: its functions'
-    /// names carry it too, and every function is registered.
-    #[test]
-    fn the_library_binds_what_the_scripts_bind() {
-        let library = Library::new();
-        let version = library
-            .source
-            .lines()
-            .next()
-            .and_then(|line| line.strip_prefix("#!lua name=ratelimit_"))
-            .expect("a library header");
-        assert_eq!(version.len(), 16);
-        assert_eq!(library.function, format!("ratelimit_batch_{version}"));
-        assert_eq!(library.one, format!("ratelimit_one_{version}"));
-        assert_eq!(library.node, format!("ratelimit_node_{version}"));
-        for function in [&library.function, &library.one] {
-            let registered = format!("redis.register_function('{function}', function(KEYS, ARGV)");
-            assert_eq!(library.source.matches(&registered).count(), 1);
-        }
-        let node = format!(
-            "redis.register_function{{function_name = '{}', \
-             flags = {{'allow-cross-slot-keys'}}, callback = function(KEYS, ARGV)",
-            library.node
-        );
-        assert_eq!(library.source.matches(&node).count(), 1);
-        // Each function sets what bind.lua binds before its body runs.
-        assert_eq!(
-            library
-                .source
-                .matches("redis_call, redis_pcall = redis.call, redis.pcall\n")
-                .count(),
-            3,
-            "set in each function"
-        );
-        for name in [
-            "redis_call",
-            "redis_pcall",
-            "struct_pack",
-            "struct_unpack",
-            "string_byte",
-        ] {
-            let declared = library.source.lines().take(3).any(|line| {
-                line.strip_prefix("local ")
-                    .is_some_and(|names| names.split(", ").any(|n| n == name))
-            });
-            assert!(declared, "{name} not declared at load");
-        }
-        let code_lines = BIND.lines().filter(|line| !line.starts_with("--")).count();
-        assert_eq!(code_lines, 2, "bind.lua: only `local names = values` lines");
-    }
-
-    fn jobs(keys: &[&str]) -> Vec<Job> {
-        let rule = Rule::new(Algorithm::FixedWindow, 10, Duration::from_secs(1));
-        keys.iter()
-            .map(|key| {
-                let call = Call::new(Op::Check(rule.algorithm()), &rule, 1, Clock::Server, None);
-                Job::new(key, call, Instant::now()).0
-            })
-            .collect()
-    }
-
-    fn keys(jobs: &[Job]) -> Vec<&str> {
-        jobs.iter()
-            .map(|job| std::str::from_utf8(job.key.as_bytes()).unwrap())
-            .collect()
-    }
-
-    #[test]
-    fn each_key_comes_first_once_and_its_later_checks_after_all_firsts() {
-        let mut batch = jobs(&["b", "a", "b", "c", "a", "b"]);
-        let firsts = firsts_first(&mut batch);
-        assert_eq!(firsts, 3);
-        assert_eq!(keys(&batch[..firsts]), ["a", "b", "c"]);
-        let mut repeats = keys(&batch[firsts..]);
-        repeats.sort_unstable();
-        assert_eq!(repeats, ["a", "b", "b"]);
-        // Keys held in place and keys too long for that sort alike.
-        let long = "k".repeat(crate::backend::INLINE_KEY + 1);
-        let mut batch = jobs(&[&long, "a", &long, "a"]);
-        assert_eq!(firsts_first(&mut batch), 2);
-        assert_eq!(keys(&batch[..2]), ["a", long.as_str()]);
-        let mut repeats = keys(&batch[2..]);
-        repeats.sort_unstable();
-        assert_eq!(repeats, ["a", long.as_str()]);
-    }
-
-    #[test]
-    fn distinct_keys_are_all_read_ahead() {
-        for n in 0..4 {
-            let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
-            let mut batch = jobs(&names.iter().map(String::as_str).collect::<Vec<_>>());
-            assert_eq!(firsts_first(&mut batch), n);
-        }
-        let mut same = jobs(&["k"; 5]);
-        assert_eq!(firsts_first(&mut same), 1);
-    }
-}

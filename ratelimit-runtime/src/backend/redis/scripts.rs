@@ -199,3 +199,61 @@ impl Library {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The library declares at load, and sets at each call, every name
+    /// bind.lua binds (a line of another shape would leave a name unset),
+    /// and is named after one version of all it runs: its functions'
+    /// names carry it too, and every function is registered.
+    #[test]
+    fn the_library_binds_what_the_scripts_bind() {
+        let library = Library::new();
+        let version = library
+            .source
+            .lines()
+            .next()
+            .and_then(|line| line.strip_prefix("#!lua name=ratelimit_"))
+            .expect("a library header");
+        assert_eq!(version.len(), 16);
+        assert_eq!(library.function, format!("ratelimit_batch_{version}"));
+        assert_eq!(library.one, format!("ratelimit_one_{version}"));
+        assert_eq!(library.node, format!("ratelimit_node_{version}"));
+        for function in [&library.function, &library.one] {
+            let registered = format!("redis.register_function('{function}', function(KEYS, ARGV)");
+            assert_eq!(library.source.matches(&registered).count(), 1);
+        }
+        let node = format!(
+            "redis.register_function{{function_name = '{}', \
+             flags = {{'allow-cross-slot-keys'}}, callback = function(KEYS, ARGV)",
+            library.node
+        );
+        assert_eq!(library.source.matches(&node).count(), 1);
+        // Each function sets what bind.lua binds before its body runs.
+        assert_eq!(
+            library
+                .source
+                .matches("redis_call, redis_pcall = redis.call, redis.pcall\n")
+                .count(),
+            3,
+            "set in each function"
+        );
+        for name in [
+            "redis_call",
+            "redis_pcall",
+            "struct_pack",
+            "struct_unpack",
+            "string_byte",
+        ] {
+            let declared = library.source.lines().take(3).any(|line| {
+                line.strip_prefix("local ")
+                    .is_some_and(|names| names.split(", ").any(|n| n == name))
+            });
+            assert!(declared, "{name} not declared at load");
+        }
+        let code_lines = BIND.lines().filter(|line| !line.starts_with("--")).count();
+        assert_eq!(code_lines, 2, "bind.lua: only `local names = values` lines");
+    }
+}

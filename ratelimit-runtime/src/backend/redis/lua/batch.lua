@@ -12,9 +12,10 @@
 -- check's rule number; ARGV[3] the costs (empty: all 1); ARGV[4] how many
 -- first checks are read ahead in one MGET (see `pending` in prelude.lua);
 -- ARGV[5] the earliest deadline in server time, then each check's (empty:
--- none); ARGV[6..] the
--- lease ids. The answer: 4 packed doubles per check (allowed 2: past its
--- deadline, not run), then the server's time (-1: not read).
+-- none); ARGV[6..] the lease ids (and the stamps refunds name). The
+-- answer: 4 packed doubles per check (allowed 2: past its deadline, not
+-- run; 3: refused by this master, see below), then the server's time (-1:
+-- not read).
 -- `run`, the algorithms by op id, and `before`, what runs before a look
 -- (op ids of peeks: true; of refunds and resets: their functions), are
 -- written before this from the registry. A peek, a refund and a reset
@@ -85,6 +86,19 @@ for i = 1, checks do
     if dated and struct_unpack('>d', deadlines, 8 * i + 1) < time then
         -- Its caller has stopped waiting: counting it would be a phantom.
         out[n - 3], out[n - 2], out[n - 1], out[n] = 2, 0, 0, 0
+    elseif spread then
+        -- Keys of several slots: a write this master refuses (a key of a
+        -- migrating slot made anew) fails its own check alone, which the
+        -- client sends again by itself, not the checks that ran.
+        pending = values[i]
+        local ok, a, b, c, d =
+            pcall(step, check, first, KEYS[i], now, slack, count, burst, period, cost, id)
+        if ok then
+            out[n - 3], out[n - 2], out[n - 1], out[n] = a, b, c, d
+        else
+            out[n - 3], out[n - 2], out[n - 1], out[n] = 3, 0, 0, 0
+            dry, pending = false, nil
+        end
     else
         pending = values[i]
         out[n - 3], out[n - 2], out[n - 1], out[n] =

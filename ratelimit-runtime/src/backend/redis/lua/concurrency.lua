@@ -17,7 +17,10 @@
 -- at every call: they are trimmed at a refusal and at about one acquire in
 -- ten (the lease id's last digit, random). A dead lease of several units
 -- takes its extra units with it: while EXTRA is above 0, every acquire
--- trims the dead leases first, so what is held is exact.
+-- trims the dead leases first, so what is held is exact. Either way at most
+-- TRIM leases go in one call, the oldest first, whatever has piled up (a
+-- dead lease of several units left for a later call still holds its extra
+-- units until then; the memory backend counts the same).
 --
 -- The key lives until the end of the period after the current one: every
 -- lease taken in this period expires before then. So the TTL is set only
@@ -25,11 +28,13 @@
 -- each period, and when an override lengthened the period), which EPOCH
 -- tells. An end that is not later (a shortened period) leaves the TTL as
 -- it is, so the key lives at least as long as its longest live lease.
-local EXTRA, EPOCH = header('C'), header('E')
+local EXTRA, EPOCH = header(1, 'C'), header(1, 'E')
 -- How many leases a retry time is looked for among: past them (a cost that
 -- waits for more leases than that to end), the time the last lease ends, by
 -- when all have. The memory backend does the same.
 local LEASE_WALK = 1024
+-- The most dead leases one call removes (`TRIM` in src/algorithm/concurrency.rs).
+local TRIM = 1024
 
 local function lease_member(lease, cost)
     if cost == 1 then return lease end
@@ -47,10 +52,10 @@ local function concurrency(key, now, slack, count, burst, period, cost, lease)
         extra = -tonumber(mark)
         if extra > 0 then
             -- Dead leases of several units give their extra units back.
-            local dead = redis_call('ZRANGEBYSCORE', key, '(0', text(now))
+            local dead = redis_call('ZRANGEBYSCORE', key, '(0', text(now), 'LIMIT', '0', text(TRIM))
             if #dead > 0 then
                 for i = 1, #dead do extra = extra - (lease_units(dead[i]) - 1) end
-                write('ZREMRANGEBYSCORE', key, '(0', text(now))
+                write('ZREM', key, unpack(dead))
                 trimmed = true
             end
         end
@@ -86,8 +91,9 @@ local function concurrency(key, now, slack, count, burst, period, cost, lease)
     elseif trimmed then
         write('ZADD', key, text(-extra), EXTRA)
     end
-    if ours and extra == 0 and (allowed == 0 or string_byte(lease, -1) == 48) then
-        write('ZREMRANGEBYSCORE', key, '(0', text(now))
+    if ours and extra == 0 and not dry and (allowed == 0 or string_byte(lease, -1) == 48) then
+        local dead = redis_call('ZRANGEBYSCORE', key, '(0', text(now), 'LIMIT', '0', text(TRIM))
+        if #dead > 0 then write('ZREM', key, unpack(dead)) end
     end
 
     local remaining = math.max(count - held, 0)

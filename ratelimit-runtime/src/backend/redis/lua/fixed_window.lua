@@ -5,7 +5,7 @@
 --
 -- key  the counter: header "rl\1F" .. (used, ends) packed (ends in µs of
 --      the server clock)
-local FIXED_WINDOW = header('F')
+local FIXED_WINDOW = header(1, 'F')
 local function fixed_window(key, now, slack, count, burst, period, cost)
     local used, ends = load(key, FIXED_WINDOW, 2)
     if not used or now >= ends then used, ends = 0, now + period end
@@ -31,10 +31,11 @@ local function fixed_window(key, now, slack, count, burst, period, cost)
     return 1, remaining, reset, retry
 end
 
--- Gives back `units` of the current window (never below none used).
-local function fixed_window_refund(key, now, slack, count, burst, period, units)
+-- Gives back `units` of the window the charge was counted in (its end is
+-- the stamp), if that window is still the key's (never below none used):
+-- in place, the TTL stays.
+local function fixed_window_refund(key, now, slack, count, burst, period, units, stamp)
     local used, ends = load(key, FIXED_WINDOW, 2)
-    if not used or now >= ends or used == 0 then return end
-    write('SET', key, FIXED_WINDOW .. struct_pack('>dd', math.max(used - units, 0), ends),
-        'PX', text(math.ceil((ends - now) / 1000) + slack))
+    if not used or now >= ends or used == 0 or ends ~= tonumber(stamp) then return end
+    write('SETRANGE', key, '4', struct_pack('>d', math.max(used - units, 0)))
 end

@@ -5,15 +5,30 @@
 -- remainder in 1/count µs, so retry_after is exact. Mirrors
 -- src/algorithm/gcra.rs.
 --
--- key  header "rl\1G" .. (tat, rem) packed
-local GCRA = header('G')
+-- key  header "rl\2G" .. (tat, rem, born) packed: `born`, when the bucket
+--      last started from empty (no key, or a TAT reached: a refund of a
+--      charge made before it gives nothing back). Version 1 had no `born`.
+local GCRA, GCRA_V1 = header(2, 'G'), header(1, 'G')
+-- The key's TAT, its remainder and when the bucket began (a version 1
+-- state's is taken to be now); nil when it has none.
+local function gcra_state(key, now)
+    local stored = take_pending(key)
+    local tat, rem, born = parse(stored, GCRA, 3)
+    if tat then return tat, rem, born end
+    tat, rem = parse(stored, GCRA_V1, 2)
+    return tat, rem, now
+end
+
 local function gcra(key, now, slack, count, burst, period, cost)
     local tolerance = burst * period
     local step = cost * period
-    -- How far the TAT is ahead of now, in 1/count µs.
+    -- How far the TAT is ahead of now, in 1/count µs; a TAT reached is an
+    -- empty bucket, where a new one begins.
     local ahead = 0
-    local tat, rem = load(key, GCRA, 2)
-    if tat and tat >= now then
+    local tat, rem, born = gcra_state(key, now)
+    if not (tat and (tat > now or (tat == now and rem > 0))) then
+        born = now
+    else
         local whole = tat - now
         if whole > idiv(tolerance, count) + 1 then
             -- Further ahead than the tolerance allows (a rule whose count was
@@ -31,7 +46,7 @@ local function gcra(key, now, slack, count, burst, period, cost)
         ahead = ahead + step
         local whole = idiv(ahead, count)
         -- Once the TAT has passed the key is the same as no key: expire then.
-        write('SET', key, GCRA .. struct_pack('>dd', now + whole, ahead - whole * count),
+        write('SET', key, GCRA .. struct_pack('>ddd', now + whole, ahead - whole * count, born),
             'PX', text(math.ceil(ceil_div(ahead, count) / 1000) + slack))
     end
 
@@ -42,11 +57,12 @@ local function gcra(key, now, slack, count, burst, period, cost)
 end
 
 -- Moves the theoretical arrival time back by `units` emission intervals,
--- never before now (a TAT passed is no key). A TAT further ahead than the
+-- never before now (a TAT passed is no key), if the charge at `stamp` was
+-- counted in this bucket, not one begun since. A TAT further ahead than the
 -- rule's tolerance (its count was raised since) is left as it is.
-local function gcra_refund(key, now, slack, count, burst, period, units)
-    local tat, rem = load(key, GCRA, 2)
-    if not tat or tat < now then return end
+local function gcra_refund(key, now, slack, count, burst, period, units, stamp)
+    local tat, rem, born = gcra_state(key, now)
+    if not tat or tat < now or born > tonumber(stamp) then return end
     local whole = tat - now
     if whole > idiv(burst * period, count) + 1 then return end
     local ahead = whole * count + rem - units * period
@@ -55,6 +71,6 @@ local function gcra_refund(key, now, slack, count, burst, period, units)
         return
     end
     local w = idiv(ahead, count)
-    write('SET', key, GCRA .. struct_pack('>dd', now + w, ahead - w * count),
+    write('SET', key, GCRA .. struct_pack('>ddd', now + w, ahead - w * count, born),
         'PX', text(math.ceil(ceil_div(ahead, count) / 1000) + slack))
 end

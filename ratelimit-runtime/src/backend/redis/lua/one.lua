@@ -7,7 +7,7 @@
 -- The wire protocol (src/backend/redis/codec.rs, `encode_one`): KEYS[1] the
 -- key; ARGV[1] 7 packed doubles: op id, count, burst, period, now or -1 (the
 -- server's clock), cost, deadline in server time (2^53: none); ARGV[2] the
--- lease id, if any. The answer is a batch of one's: 4 packed doubles (allowed
+-- lease id (or the stamp a refund names), if any. The answer is a batch of one's: 4 packed doubles (allowed
 -- 2: past its deadline, not run), then the server's time (-1: not read); a
 -- release answers the time only.
 

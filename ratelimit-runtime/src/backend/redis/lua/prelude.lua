@@ -52,17 +52,35 @@ local function ceil_div(a, b) return idiv(a + b - 1, b) end
 -- String states are a header and `n` big-endian doubles (integers below
 -- 2^53, so exact): `header .. struct.pack(...)`. Packing is several times
 -- cheaper for the server than formatting and parsing decimal text. The
--- header is "rl", the format's version (1) and the algorithm's tag byte:
--- with the exact length, it tells our state from a value someone else left
--- under the prefix, which is never read as state (and is replaced by the
--- next write, which sets a TTL).
-local function header(tag) return 'rl\1' .. tag end
+-- header is "rl", the format's version (a byte) and the algorithm's tag
+-- byte: with the exact length, it tells our state from a value someone else
+-- left under the prefix, which is never read as state (and is replaced by
+-- the next write, which sets a TTL). A state of an earlier version is read
+-- as such, and written in the current one.
+-- (Made when a function library loads, where `string` is not yet there.)
+local function header(version, tag)
+    if version == 1 then return 'rl\1' .. tag end
+    return 'rl\2' .. tag
+end
 
--- The numbers of the state under `header` holding `n` numbers, or nil when
--- the key holds nothing, another algorithm's state, or anything else
+-- The numbers of `stored` if it is a state under `head` holding `n` numbers
+-- (2 to 4), else nil: nothing, another algorithm's state, or anything else
 -- (treated as absent, as the memory backend does; the script's SET
 -- replaces it).
---
+local function parse(stored, head, n)
+    if type(stored) ~= 'string' or #stored ~= 4 + 8 * n then return nil end
+    local h, a, b, c, d
+    if n == 2 then
+        h, a, b = struct_unpack('>c4dd', stored)
+    elseif n == 3 then
+        h, a, b, c = struct_unpack('>c4ddd', stored)
+    else
+        h, a, b, c, d = struct_unpack('>c4dddd', stored)
+    end
+    if h == head then return a, b, c, d end
+    return nil
+end
+
 -- A batch reads most of its string states ahead, in one MGET (see
 -- batch.lua): `pending` is the value read for the check about to run (false:
 -- none, or not a string), or nil when it was not read ahead (a later check
@@ -78,16 +96,7 @@ local function take_pending(key)
     return stored
 end
 local function load(key, head, n)
-    local stored = take_pending(key)
-    if type(stored) ~= 'string' or #stored ~= 4 + 8 * n then return nil end
-    if n == 2 then
-        local h, a, b = struct_unpack('>c4dd', stored)
-        if h == head then return a, b end
-        return nil
-    end
-    local h, a, b, c = struct_unpack('>c4ddd', stored)
-    if h == head then return a, b, c end
-    return nil
+    return parse(take_pending(key), head, n)
 end
 
 -- Whether the batch's keys are of several slots of a cluster master (the
@@ -104,15 +113,16 @@ end
 
 -- One job on `key`: a check (`first` nil), or a look (`first` the op's
 -- `before`: `true` for a peek, else a refund's or a reset's function, run
--- first), which then answers what a check of cost 1 would, writing
--- nothing. `pending` is set by the caller (see `take_pending`). Both
--- drivers, batch.lua and one.lua, run every job through this.
+-- first: a refund's `id` is the stamp of the charge it gives back), which
+-- then answers what a check of cost 1 would, writing nothing. `pending` is
+-- set by the caller (see `take_pending`). Both drivers, batch.lua and
+-- one.lua, run every job through this.
 local function step(check, first, key, now, slack, count, burst, period, cost, id)
     if not first then
         return check(key, now, slack, count, burst, period, cost, id)
     end
     if first ~= true then
-        first(key, now, slack, count, burst, period, cost)
+        first(key, now, slack, count, burst, period, cost, id)
         pending = nil
     end
     dry = true
@@ -122,9 +132,11 @@ local function step(check, first, key, now, slack, count, burst, period, cost, i
     return allowed, remaining, reset_after, retry_after
 end
 
--- A key's state gone, whatever holds it (a reset; leases too).
+-- A key's state gone, whatever holds it (a reset; leases too). UNLINK:
+-- the memory of a large sorted set is freed in the background, so the
+-- call's own work does not grow with it.
 local function reset(key)
-    redis_call('DEL', key)
+    redis_call('UNLINK', key)
 end
 
 -- The score of the sorted set's member at rank `index` (-1: the last).

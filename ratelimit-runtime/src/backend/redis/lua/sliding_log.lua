@@ -2,19 +2,20 @@
 -- one atomic script). At most `count` units in any interval of length
 -- `period`. Mirrors src/algorithm/sliding_log.rs.
 --
--- key  a short log (up to LOG_IN_STRING units in the window, as most keys of
---      a small limit hold): a string, header "rl\1L" .. the units' times
---      (µs), oldest first, packed; read (in a batch, with the batch's MGET)
---      and written whole, one SET.
---      A longer one: a sorted set, one member per call whatever its cost,
---      scored by its time: packed (through, units), `through` the units
---      counted through that call since the set began. The units in the
---      window are the newest call's `through` less that of the last call to
---      have left it, so a check costs a few O(log n) lookups, never work in
---      proportion to a cost or a count. The member LOG_SET (score -1) marks
---      the set as ours.
---      A log moves to a sorted set when it outgrows the string, and stays
---      one until nothing in it is live.
+-- key  a sorted set, one member per call whatever its cost, scored by its
+--      time (µs): packed (through, units), `through` the units counted
+--      through that call since the set began; and the mark LOG_MARK, scored
+--      +inf, which marks the set as ours and, being last, comes with the
+--      newest call in one lookup. The units in the window are the newest
+--      call's `through` less what was counted before the window's first
+--      call (its `through` less its units): a check costs a few O(log n)
+--      lookups, never work in proportion to a cost or a count.
+--
+-- The set is written in place, never deleted and made again, whatever its
+-- length: a key made anew while its slot migrates would be refused half way
+-- through the script, and what it held lost. (Version 1 kept a short log
+-- in a string, moved to a set by deleting it: such a string is read as no
+-- log. Its sets, marked with `rl\1S` scored -1, are marked anew in place.)
 --
 -- Times never go back in a log (a call is scored no earlier than the
 -- newest), so `through` grows with the score, and ties of score order by
@@ -22,57 +23,23 @@
 -- the numbers do).
 --
 -- Calls older than the window are never counted, so they need not be
--- removed at every call: they are trimmed (up to TRIM at once; the last to
--- have left is kept, its `through` is the base) when a call is refused or
--- its retry time is needed, and at about one call in eight (the time's last
--- bits). Either way the key expires `period` after its newest call.
-local LOG_IN_STRING = 16
-local LOG_STRING, LOG_SET = header('L'), header('S')
+-- removed at every call: they are trimmed (up to TRIM at once) when a call
+-- is refused or its retry time is needed, and at about one call in eight
+-- (the time's last bits). The key lives until the end of the period (as
+-- the clock aligns them) after its newest call's: its TTL is set by the
+-- first call of a period.
+local LOG_MARK, LOG_V1_MARK = header(2, 'S'), header(1, 'S')
 local TRIM = 1024
+-- The most calls a refund rewrites (`REFUND_WALK` in src/algorithm/sliding_log.rs).
+local REFUND_WALK = 1024
+-- Above every call's score (times are below 2^53), below the mark's.
+local LOG_END = '(9007199254740992'
 
--- `now` packed as a log's time. The checks of a batch share one `now`, so it
--- is packed once for them all (the last one packed is kept, with its time).
-local packed_for, packed_now
-local function packed_time(now)
-    if packed_for ~= now then packed_for, packed_now = now, struct_pack('>d', now) end
-    return packed_now
-end
-
--- Where a string log's times still in the window at `now` start (a byte
--- offset into `stored`), and how many there are; nil when `stored` is not a
--- string log. A call at time t counts while now < t + period; the oldest
--- leave first, as the memory backend's log drops its front.
-local function string_log(stored, now, period)
-    if type(stored) ~= 'string' or (#stored - 4) % 8 ~= 0 or #stored > 4 + 8 * LOG_IN_STRING
-        or string.sub(stored, 1, 4) ~= LOG_STRING then
-        return nil
-    end
-    local at, stop = 5, #stored
-    while at < stop and struct_unpack('>d', stored, at) + period <= now do at = at + 8 end
-    return at, (stop + 1 - at) / 8
-end
-
--- The `i`th oldest live time of a string log whose `n` live times start at
--- byte `at` of `stored`; past those, the units the call just added, at `t`.
-local function log_time(stored, at, n, i, t)
-    if i > n then return t end
-    return struct_unpack('>d', stored, at + 8 * (i - 1))
-end
-
--- The member at rank `rank` of a sorted-set log: through, units, score.
+-- The call at rank `rank`: through, units, score.
 local function log_call(key, rank)
     local found = redis_call('ZRANGE', key, text(rank), text(rank), 'WITHSCORES')
     local through, units = struct_unpack('>dd', found[1])
     return through, units, tonumber(found[2])
-end
-
--- How many calls of a sorted-set log have left the window at `now` (ranks
--- 1..gone), and the units counted before the window's first call.
-local function log_window(key, now, period)
-    local gone = redis_call('ZCOUNT', key, '0', text(now - period))
-    if gone > 0 then return gone, (log_call(key, gone)) end
-    local through, units = log_call(key, 1)
-    return 0, through - units
 end
 
 -- The first rank in [lo, hi] whose call is counted through at least
@@ -85,134 +52,131 @@ local function first_through(key, lo, hi, want)
     return lo
 end
 
--- The sorted-set log, `last` the rank of its newest call (rank 0 is
--- LOG_SET). Nil when nothing in it is live: the caller starts a string log.
-local function sliding_log_set(key, now, slack, count, period, cost, last)
-    if last < 1 then return nil end
-    local newest, _, newest_at = log_call(key, last)
-    local gone, base = log_window(key, now, period)
-    local held = newest - base
-    if held == 0 then return nil end
-
-    local allowed, counted = 0, newest
-    if held + cost <= count then
-        allowed = 1
-        newest, newest_at = newest + cost, math.max(now, newest_at)
-        write('ZADD', key, text(newest_at), struct_pack('>dd', newest, cost))
-        write('PEXPIRE', key, text(math.ceil(period / 1000) + slack))
-        held = held + cost
+-- The key's log: true (ours), nil (no key) or false (anything else); and
+-- its newest call: member, through, time.
+local function log_newest(key)
+    local got = redis_pcall('ZRANGE', key, '-2', '-1', 'WITHSCORES')
+    if type(got) ~= 'table' or got.err then return false end
+    local n = #got
+    if n == 0 then return nil end
+    -- The member before the mark.
+    local newest = n - 3
+    if got[n - 1] ~= LOG_MARK then
+        -- Version 1's mark is the lowest member (scored -1): the last one
+        -- fetched is the newest call.
+        if type(redis_pcall('ZSCORE', key, LOG_V1_MARK)) ~= 'string' then return false end
+        write('ZREM', key, LOG_V1_MARK)
+        write('ZADD', key, '+inf', LOG_MARK)
+        newest = n - 1
     end
-    local remaining = math.max(count - held, 0)
-    if gone > 1 and (allowed == 0 or remaining < cost or now % 8 == 0) then
-        local trimmed = math.min(gone - 1, TRIM)
-        write('ZREMRANGEBYRANK', key, '1', text(trimmed))
-        if not dry then gone, last = gone - trimmed, last - trimmed end
-    end
-    local retry = 0
-    if remaining < cost then
-        -- The oldest `held + cost - count` units must leave the window
-        -- first: the first live call through them, found by bisection
-        -- (the call just made, past the ones stored).
-        local want = base + held + cost - count
-        if want > counted then
-            retry = newest_at + period - now
-        else
-            local _, _, at = log_call(key, first_through(key, gone + 1, last, want))
-            retry = at + period - now
-        end
-    end
-    return allowed, remaining, newest_at + period - now, retry
+    local call = got[newest]
+    if not call or #call ~= 16 then return true end
+    return true, call, (struct_unpack('>d', call)), tonumber(got[newest + 1])
 end
 
 local function sliding_log(key, now, slack, count, burst, period, cost)
-    -- The stored value as load() takes it (read ahead, or read here), but
-    -- whole: a string log's length varies.
-    local stored = take_pending(key)
-    local at, held = string_log(stored, now, period)
-    if not at then
-        -- No string log: a sorted set of ours, or nothing (or anything else:
-        -- a fresh start, as the memory backend makes).
-        if type(redis_pcall('ZSCORE', key, LOG_SET)) == 'string' then
-            local a, remaining, reset, retry = sliding_log_set(key, now, slack, count, period,
-                cost, redis_call('ZCARD', key) - 1)
-            if a then return a, remaining, reset, retry end
+    local ours, member, newest, newest_at = log_newest(key)
+    -- The units counted before the window's first call (all of them when
+    -- none is in the window), and its first call.
+    local base, first = newest or 0, nil
+    -- (A newest call out of the window leaves none in it.)
+    if newest and newest_at + period > now then
+        first = redis_call('ZRANGEBYSCORE', key, above(now - period), LOG_END, 'LIMIT', '0', '1')[1]
+        if first then
+            local through, units = struct_unpack('>dd', first)
+            base = through - units
         end
-        -- Nothing live: the string log starts (its SET replaces the key).
-        stored, at, held = LOG_STRING, 5, 0
     end
-    local stored_held = held
+    local held = (newest or 0) - base
     -- Times never go back in a log.
     local t = now
-    if held > 0 then t = math.max(now, struct_unpack('>d', stored, #stored - 7)) end
+    if newest_at and newest_at > now then t = newest_at end
     local allowed = 0
     if held + cost <= count then
         allowed = 1
-        local ttl = text(math.ceil(period / 1000) + slack)
-        if held + cost <= LOG_IN_STRING then
-            local added = packed_time(t)
-            if cost > 1 then added = string.rep(added, cost) end
-            write('SET', key, LOG_STRING .. string.sub(stored, at) .. added, 'PX', ttl)
+        local call = struct_pack('>dd', (newest or 0) + cost, cost)
+        if ours then
+            write('ZADD', key, text(t), call)
         else
-            -- Outgrown: a sorted set, a call per unit held, then this one.
-            local args = {'-1', LOG_SET}
-            for i = 1, held do
-                args[#args + 1] = text(log_time(stored, at, stored_held, i, t))
-                args[#args + 1] = struct_pack('>dd', i, 1)
-            end
-            args[#args + 1] = text(t)
-            args[#args + 1] = struct_pack('>dd', held + cost, cost)
-            write('DEL', key)
-            write('ZADD', key, unpack(args))
-            write('PEXPIRE', key, ttl)
+            -- A new log (anything else under the key is replaced).
+            if ours == false then write('DEL', key) end
+            write('ZADD', key, text(t), call, '+inf', LOG_MARK)
+        end
+        -- The key lives until the end of the period after t's.
+        local ends = idiv(t, period)
+        if not newest_at or ends > idiv(newest_at, period) then
+            write('PEXPIRE', key, text(math.ceil(((ends + 2) * period - now) / 1000) + slack))
         end
         held = held + cost
     end
 
     local remaining = math.max(count - held, 0)
+    local retry = 0
+    if newest and (allowed == 0 or remaining < cost or math.fmod(now, 8) == 0) and not dry then
+        local gone = redis_call('ZCOUNT', key, '0', text(now - period))
+        if gone > 0 then
+            write('ZREMRANGEBYRANK', key, '0', text(math.min(gone, TRIM) - 1))
+        end
+    end
+    if remaining < cost then
+        -- The oldest `held + cost - count` units must leave the window
+        -- first: the first call counted through them, found by bisection
+        -- (the call just made, past the ones stored).
+        local want = base + held + cost - count
+        if want > (newest or 0) then
+            retry = t + period - now
+        else
+            local lo = redis_call('ZRANK', key, first)
+            local _, _, at = log_call(key, first_through(key, lo, redis_call('ZRANK', key, member), want))
+            retry = at + period - now
+        end
+    end
     local reset = 0
     if allowed == 1 then
         reset = t + period - now -- the newest call is this one
     elseif held > 0 then
-        reset = log_time(stored, at, stored_held, held, t) + period - now
-    end
-    local retry = 0
-    if remaining < cost then
-        -- The oldest `held + cost - count` units must leave the window first.
-        retry = log_time(stored, at, stored_held, held + cost - count, t) + period - now
+        reset = newest_at + period - now
     end
     return allowed, remaining, reset, retry
 end
 
--- Takes `units` back from the newest calls in the window (never more than
--- it holds).
-local function sliding_log_refund(key, now, slack, count, burst, period, units)
-    local stored = take_pending(key)
-    local at, held = string_log(stored, now, period)
-    if at then
-        local keep = math.max(held - units, 0)
-        if keep == 0 then
-            write('DEL', key)
-            return
-        end
-        local newest = struct_unpack('>d', stored, at + 8 * (keep - 1))
-        write('SET', key, LOG_STRING .. string.sub(stored, at, at + 8 * keep - 1),
-            'PX', text(math.ceil((newest + period - now) / 1000) + slack))
-        return
+-- Takes back `units` of the call logged at `stamp` (µs), while it is in the
+-- window: the units logged at that time, newest first (calls logged at one
+-- time are alike to every decision), never more than there are. The newer
+-- calls at that time go, the oldest touched keeps what is left of it, and
+-- every later call is counted through that many units fewer: no more than
+-- REFUND_WALK calls are rewritten, else nothing is given back.
+local function sliding_log_refund(key, now, slack, count, burst, period, units, stamp)
+    stamp = tonumber(stamp)
+    local _, _, newest = log_newest(key)
+    if stamp + period <= now or not newest then return end
+    local at = redis_call('ZREVRANGEBYSCORE', key, text(stamp), text(stamp),
+        'LIMIT', '0', text(math.min(units, REFUND_WALK + 1)))
+    -- The calls at the stamp, newest first, until the units are taken.
+    local left, touched, through, has, take = units, 0, 0, 0, 0
+    while touched < #at and left > 0 do
+        touched = touched + 1
+        through, has = struct_unpack('>dd', at[touched])
+        take = math.min(has, left)
+        left = left - take
     end
-    if type(redis_pcall('ZSCORE', key, LOG_SET)) ~= 'string' then return end
-    local last = redis_call('ZCARD', key) - 1
-    if last < 1 then return end
-    local newest = log_call(key, last)
-    local gone, base = log_window(key, now, period)
-    -- What is counted through the newest call once the units are back.
-    local target = math.max(newest - units, base)
-    if target == newest then return end
-    -- The first live call counted past `target`: it keeps what it has up to
-    -- `target`, every newer one goes.
-    local lo = first_through(key, gone + 1, last, target + 1)
-    local through, u, t = log_call(key, lo)
-    write('ZREMRANGEBYRANK', key, text(lo), text(last))
-    if through - u < target then
-        write('ZADD', key, text(t), struct_pack('>dd', target, target - (through - u)))
+    local taken = units - left
+    if taken == 0 then return end
+    local later = redis_call('ZRANGEBYSCORE', key, '(' .. text(stamp), LOG_END, 'WITHSCORES',
+        'LIMIT', '0', text(REFUND_WALK + 1 - touched))
+    if touched + #later / 2 > REFUND_WALK then return end
+    local gone, added = {}, {}
+    for i = 1, touched do gone[i] = at[i] end
+    if take < has then
+        -- The oldest touched keeps what was not taken of it.
+        added[1], added[2] = text(stamp), struct_pack('>dd', through - take, has - take)
     end
+    for i = 1, #later, 2 do
+        local t, u = struct_unpack('>dd', later[i])
+        gone[#gone + 1] = later[i]
+        added[#added + 1] = later[i + 1]
+        added[#added + 1] = struct_pack('>dd', t - taken, u)
+    end
+    write('ZREM', key, unpack(gone))
+    if #added > 0 then write('ZADD', key, unpack(added)) end
 end

@@ -1,0 +1,477 @@
+//! Give-backs: a refund, and answers that come late or to callers that
+//! left. A fault proxy in front of a real redis-server holds a reply back
+//! while windows roll over and keys are reset. What Redis allowed a caller
+//! that never heard of it is given back where it was counted (the same
+//! window, the same state since a reset, the call's own log entry) and
+//! nowhere else, whether the call went alone or in a batch, and whether its
+//! caller timed out or went away; so is what a refund names.
+
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use ratelimit_runtime::backend::redis::RedisBackend;
+use ratelimit_runtime::{Algorithm, Backend, ManualClock, OnError, RateLimiter, Rule};
+use ratelimit_test_support::{Proxy, RedisServer, first_ok};
+
+/// How long the proxy holds a reply back: past the deadline (100 ms) and a
+/// second-long window, within the two seconds a late answer is waited for.
+const HELD: Duration = Duration::from_millis(1800);
+
+/// A backend through `proxy`, with checks of `timeout`, that has made a
+/// first call (the connection, the library, the server's time).
+async fn through(proxy: &Proxy, timeout: Duration) -> RedisBackend {
+    let url = format!("redis://127.0.0.1:{}/", proxy.port());
+    let redis = RedisBackend::connect_with(&url, timeout, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let warm = Rule::fixed_window(10, Duration::from_secs(60));
+    assert!(redis.check(&warm, "limiter:warm", 1).await.unwrap().allowed);
+    redis
+}
+
+/// Another instance, straight to the server.
+async fn direct(server: &RedisServer) -> RedisBackend {
+    RedisBackend::connect_with(
+        &server.url(),
+        Duration::from_secs(2),
+        Duration::from_secs(2),
+    )
+    .await
+    .unwrap()
+}
+
+/// How many calls of `command` the server ran so far.
+fn calls_of(server: &RedisServer, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.connection())
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// Waits until the server has run one more `FCALL` than `before`: the
+/// give-back of the late answer (nothing else calls it meanwhile).
+async fn given_back(server: &RedisServer, before: u64) {
+    first_ok("no give-back", Duration::from_millis(20), || {
+        let calls = calls_of(server, "fcall");
+        async move {
+            if calls > before {
+                Ok(())
+            } else {
+                Err("not yet")
+            }
+        }
+    })
+    .await;
+}
+
+/// The server's clock, in µs.
+fn server_time(server: &RedisServer) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut server.connection()).unwrap();
+    secs * 1_000_000 + micros
+}
+
+/// A late check of a fixed window of one per second: its window closes
+/// while the answer is held back, another instance starts the next window,
+/// then the answer comes. Its give-back named no window and landed in the
+/// next one, which then let a second call through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_give_back_stays_out_of_the_next_fixed_window() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let late = through(&proxy, Duration::from_millis(100)).await;
+    let other = direct(&server).await;
+    let rule = Rule::fixed_window(1, Duration::from_secs(1));
+    let key = "limiter:late:fixed";
+    proxy.delay_reply_to(key.as_bytes(), HELD);
+    let sent = Instant::now();
+    assert!(
+        late.check(&rule, key, 1).await.is_err(),
+        "the answer is late"
+    );
+    tokio::time::sleep_until((sent + Duration::from_millis(1300)).into()).await;
+    assert!(
+        other.check(&rule, key, 1).await.unwrap().allowed,
+        "a new window"
+    );
+    let before = calls_of(&server, "fcall");
+    given_back(&server, before).await;
+    let next = other.check(&rule, key, 1).await.unwrap();
+    assert!(!next.allowed, "two calls in one window of one: {next:?}");
+}
+
+/// The same after a reset between the late check and its answer: the
+/// window begun since then is not the one it was counted in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_give_back_stays_out_of_a_window_begun_after_a_reset() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let late = through(&proxy, Duration::from_millis(100)).await;
+    let other = direct(&server).await;
+    for rule in [
+        Rule::fixed_window(1, Duration::from_secs(60)),
+        Rule::sliding_window(1, Duration::from_secs(60)),
+        Rule::sliding_log(1, Duration::from_secs(60)),
+        Rule::token_bucket(1, Duration::from_secs(60)),
+        Rule::gcra(1, Duration::from_secs(60)),
+    ] {
+        let key = format!("limiter:late:reset:{:?}", rule.algorithm());
+        proxy.delay_reply_to(key.as_bytes(), Duration::from_millis(500));
+        assert!(
+            late.check(&rule, &key, 1).await.is_err(),
+            "the answer is late"
+        );
+        other.reset(&rule, &key).await.unwrap();
+        assert!(other.check(&rule, &key, 1).await.unwrap().allowed);
+        let before = calls_of(&server, "fcall");
+        given_back(&server, before).await;
+        let next = other.check(&rule, &key, 1).await.unwrap();
+        assert!(
+            !next.allowed,
+            "{rule:?}: two calls under a count of one: {next:?}"
+        );
+    }
+}
+
+/// A late check of a sliding window of one per two seconds, answered in
+/// the next window, where another instance's call counts: its give-back
+/// took that call's unit, and a second call passed in the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_give_back_of_a_sliding_window_takes_from_its_own_window() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let late = through(&proxy, Duration::from_millis(100)).await;
+    let other = direct(&server).await;
+    let period = 2_000_000;
+    let rule = Rule::sliding_window(1, Duration::from_micros(period));
+    let key = "limiter:late:sliding";
+    // 1.5 s into a window (the server's clock aligns them).
+    let into = server_time(&server) % period;
+    let wait = (period + 1_500_000 - into) % period;
+    tokio::time::sleep(Duration::from_micros(wait)).await;
+    proxy.delay_reply_to(key.as_bytes(), HELD);
+    let sent = Instant::now();
+    assert!(
+        late.check(&rule, key, 1).await.is_err(),
+        "the answer is late"
+    );
+    // 0.2 s into the next window: the late call weighs nothing by then.
+    tokio::time::sleep_until((sent + Duration::from_millis(700)).into()).await;
+    assert!(other.check(&rule, key, 1).await.unwrap().allowed);
+    let before = calls_of(&server, "fcall");
+    given_back(&server, before).await;
+    let next = other.check(&rule, key, 1).await.unwrap();
+    assert!(!next.allowed, "two calls in one window of one: {next:?}");
+}
+
+/// A late check of a sliding log of two per six seconds: its give-back took
+/// the newest units (another instance's call) instead of its own entry, so
+/// once the late call's time had left the window a third call passed
+/// within six seconds of the other two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_give_back_of_a_sliding_log_takes_its_own_entry() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let late = through(&proxy, Duration::from_millis(100)).await;
+    let other = direct(&server).await;
+    let rule = Rule::sliding_log(2, Duration::from_secs(6));
+    let key = "limiter:late:log";
+    proxy.delay_reply_to(key.as_bytes(), HELD);
+    let sent = Instant::now();
+    assert!(
+        late.check(&rule, key, 1).await.is_err(),
+        "the answer is late"
+    );
+    tokio::time::sleep_until((sent + Duration::from_millis(1000)).into()).await;
+    let first = Instant::now();
+    assert!(other.check(&rule, key, 1).await.unwrap().allowed);
+    let before = calls_of(&server, "fcall");
+    given_back(&server, before).await;
+    assert!(
+        other.check(&rule, key, 1).await.unwrap().allowed,
+        "the late call is gone"
+    );
+    // Past the late call's time, before the other's leaves the window.
+    tokio::time::sleep_until((sent + Duration::from_millis(6300)).into()).await;
+    let third = other.check(&rule, key, 1).await.unwrap();
+    assert!(
+        first.elapsed() < Duration::from_secs(6),
+        "the test ran too slowly to tell"
+    );
+    assert!(!third.allowed, "three calls within six seconds: {third:?}");
+}
+
+/// A caller that goes away (an outer timeout) while its call goes alone:
+/// the call's future was dropped with it, and what Redis granted (a lease,
+/// a counted check) stayed held, the lease for its whole period. It is now
+/// given back once the answer comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_redis_granted_a_caller_that_left_is_given_back() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let url = format!("redis://127.0.0.1:{}/", proxy.port());
+    let limiter = RateLimiter::builder()
+        .redis(url)
+        .timeout(Duration::from_secs(2))
+        .on_backend_error(OnError::Deny)
+        .build()
+        .await
+        .unwrap();
+    let warm = Rule::fixed_window(10, Duration::from_secs(60));
+    assert!(limiter.check(&warm, "limiter:warm").await.unwrap().allowed);
+    let other = direct(&server).await;
+    for rule in [
+        Rule::concurrency(1, Duration::from_secs(60)),
+        Rule::fixed_window(1, Duration::from_secs(60)),
+    ] {
+        let key = format!("limiter:left:{:?}", rule.algorithm());
+        proxy.delay_reply_to(key.as_bytes(), Duration::from_millis(500));
+        let left =
+            tokio::time::timeout(Duration::from_millis(50), limiter.acquire(&rule, &key, 1)).await;
+        assert!(left.is_err(), "the caller went away");
+        first_ok("still held", Duration::from_millis(50), || async {
+            let next = other.peek(&rule, &key).await.unwrap();
+            if next.allowed {
+                Ok(())
+            } else {
+                Err(format!("{next:?}"))
+            }
+        })
+        .await;
+    }
+}
+
+/// A caller that goes away after its answer was handed to it, before it
+/// read it (an outer timeout, or a client gone, while its task waited to
+/// run): what Redis allowed it (a lease, a counted check, a logged call)
+/// stayed held, the lease for its whole period. The answer, dropped unread,
+/// now gives it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_left_unread_is_given_back() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let redis = through(&proxy, Duration::from_secs(2))
+        .await
+        .batch_every_check();
+    let other = direct(&server).await;
+    for rule in [
+        Rule::concurrency(1, Duration::from_secs(60)),
+        Rule::fixed_window(1, Duration::from_secs(60)),
+        Rule::sliding_log(1, Duration::from_secs(60)),
+    ] {
+        let key = format!("limiter:unread:{:?}", rule.algorithm());
+        let mut call: Pin<Box<dyn Future<Output = _> + Send + '_>> =
+            if rule.algorithm() == Algorithm::Concurrency {
+                Box::pin(redis.acquire(&rule, &key, 1, 7))
+            } else {
+                Box::pin(redis.check(&rule, &key, 1))
+            };
+        // One poll: the call is queued, and the batch task sends it; its
+        // reply is held back a moment, so it is not read at once.
+        proxy.delay_reply_to(key.as_bytes(), Duration::from_millis(300));
+        let polled = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        assert!(polled.is_pending(), "{polled:?}");
+        // The answer has come back and been handed over by now, unread.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert!(!other.peek(&rule, &key).await.unwrap().allowed, "it ran");
+        drop(call);
+        first_ok("still held", Duration::from_millis(50), || async {
+            let next = other.peek(&rule, &key).await.unwrap();
+            if next.allowed {
+                Ok(())
+            } else {
+                Err(format!("{next:?}"))
+            }
+        })
+        .await;
+    }
+}
+
+/// A refund whose answer came after its deadline ran once: it fails (its
+/// caller is told so) but is not sent again, and nothing else gives the
+/// units back a second time. (Its docs say: a retry may give back twice.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_that_timed_out_ran_once() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let url = format!("redis://127.0.0.1:{}/", proxy.port());
+    let limiter = RateLimiter::builder()
+        .redis(url)
+        .timeout(Duration::from_millis(100))
+        .on_backend_error(OnError::Deny)
+        .build()
+        .await
+        .unwrap();
+    let rule = Rule::fixed_window(5, Duration::from_secs(60));
+    let key = "limiter:refund:late";
+    let mut charges = Vec::new();
+    for _ in 0..3 {
+        let permit = limiter.acquire(&rule, key, 1).await.unwrap();
+        charges.push(permit.charge().unwrap());
+    }
+    let used = || server.stored_state(key).expect("a fixed window").1[0];
+    assert_eq!(used(), 3.0);
+    proxy.delay_reply_to(key.as_bytes(), Duration::from_millis(400));
+    let failed = limiter.refund(&rule, key, charges[0]).await;
+    assert!(failed.is_err(), "the answer is late: {failed:?}");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(used(), 2.0, "given back once");
+}
+
+/// The over-limit cache remembers Redis's refusal of a key while a call of
+/// it holds its unit, whose caller went away; once that unit is given back,
+/// the refusal no longer holds and is forgotten (it was kept, refusing the
+/// key locally for a minute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_clears_the_over_limit_cache() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let url = format!("redis://127.0.0.1:{}/", proxy.port());
+    let limiter = RateLimiter::builder()
+        .redis(url)
+        .timeout(Duration::from_secs(3))
+        .over_limit_cache(true)
+        .on_backend_error(OnError::Deny)
+        .build()
+        .await
+        .unwrap();
+    let warm = Rule::fixed_window(10, Duration::from_secs(60));
+    assert!(limiter.check(&warm, "limiter:warm").await.unwrap().allowed);
+    let rule = Rule::fixed_window(1, Duration::from_secs(60));
+    let key = "limiter:cache:given-back";
+    proxy.delay_reply_to(key.as_bytes(), Duration::from_millis(800));
+    let left = tokio::time::timeout(Duration::from_millis(50), limiter.check(&rule, key)).await;
+    assert!(left.is_err(), "the caller went away");
+    // Behind it on the connection: refused (the unit is taken), and
+    // remembered.
+    let refused = limiter.check(&rule, key).await.unwrap();
+    assert!(!refused.allowed && refused.retry_after > Duration::from_secs(50));
+    let started = Instant::now();
+    first_ok("still refused", Duration::from_millis(50), || async {
+        let next = limiter.check(&rule, key).await.unwrap();
+        if next.allowed {
+            Ok(())
+        } else {
+            Err(format!("{next:?}"))
+        }
+    })
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+/// A refunded call's units can be used again, a refund gives back only what
+/// its charge took (twice the same charge never raises a budget above its
+/// capacity), and a reset gives the whole budget back: through the limiter,
+/// on Redis and in memory, for every algorithm with a refund.
+#[tokio::test]
+async fn a_refunded_unit_is_used_again_and_never_raises_the_budget() {
+    let server = RedisServer::start();
+    let redis = RateLimiter::builder()
+        .redis(server.url())
+        .build()
+        .await
+        .unwrap();
+    // Memory's clock moves a microsecond at each step, as Redis's does in
+    // the time each call takes.
+    let clock = ManualClock::new();
+    let memory = RateLimiter::in_memory_with_clock(clock.clone());
+    let tick = || clock.advance(Duration::from_micros(1));
+    for (name, limiter) in [("memory", memory), ("redis", redis)] {
+        for algorithm in Algorithm::ALL {
+            let rule = Rule::new(algorithm, 3, Duration::from_secs(60));
+            let key = format!("limiter:refund:{name}:{algorithm:?}");
+            if algorithm == Algorithm::Concurrency {
+                let permit = limiter.acquire(&rule, &key, 3).await.unwrap();
+                assert!(permit.decision().allowed);
+                assert!(
+                    permit.charge().is_none(),
+                    "a lease is given back by its permit"
+                );
+                let other = Rule::fixed_window(3, Duration::from_secs(60));
+                let charge = limiter.acquire(&other, "limiter:refund:other", 1).await;
+                let charge = charge.unwrap().charge().unwrap();
+                let refused = limiter.refund(&rule, &key, charge).await;
+                assert!(
+                    matches!(refused, Err(ratelimit_runtime::Error::Unsupported(_))),
+                    "{name}: {refused:?}"
+                );
+                assert!(!limiter.peek(&rule, &key).await.unwrap().allowed);
+                let whole = limiter.reset(&rule, &key).await.unwrap();
+                assert!(whole.allowed, "{name}: the leases are gone");
+                continue;
+            }
+            let mut charges = Vec::new();
+            for _ in 0..3 {
+                tick();
+                let permit = limiter.acquire(&rule, &key, 1).await.unwrap();
+                assert!(permit.decision().allowed);
+                charges.push(permit.charge().expect("an allowed call's charge"));
+            }
+            let refused = limiter.acquire(&rule, &key, 1).await.unwrap();
+            assert!(!refused.decision().allowed && refused.charge().is_none());
+            // One call's unit back: one call passes, the next does not.
+            let after = limiter.refund(&rule, &key, charges[0]).await.unwrap();
+            assert!(after.allowed, "{name} {algorithm:?}: {after:?}");
+            assert!(limiter.check(&rule, &key).await.unwrap().allowed);
+            assert!(!limiter.check(&rule, &key).await.unwrap().allowed);
+            // Every charge back, one of them twice: the budget is whole, not
+            // more (a charge given back twice gives back again where a
+            // count holds it, nothing where its own log entry is gone).
+            tick();
+            for charge in [charges[1], charges[2], charges[2]] {
+                limiter.refund(&rule, &key, charge).await.unwrap();
+            }
+            let mut passed = 0;
+            while limiter.check(&rule, &key).await.unwrap().allowed {
+                passed += 1;
+                assert!(
+                    passed <= 3,
+                    "{name} {algorithm:?}: a refund raised the budget above its capacity"
+                );
+            }
+            assert!(passed >= 2, "{name} {algorithm:?}: {passed} passed");
+            tick();
+            let whole = limiter.reset(&rule, &key).await.unwrap();
+            assert_eq!(whole.remaining, 2, "{name} {algorithm:?}: reset");
+            let peeked = limiter.peek(&rule, &key).await.unwrap();
+            assert_eq!((peeked.allowed, peeked.remaining), (true, 2));
+            // A charge from before the reset gives nothing back now.
+            tick();
+            assert!(limiter.check(&rule, &key).await.unwrap().allowed);
+            let stale = limiter.refund(&rule, &key, charges[0]).await.unwrap();
+            assert_eq!(stale.remaining, 1, "{name} {algorithm:?}: {stale:?}");
+        }
+    }
+}
+
+/// A reset made through another instance is not seen by this instance's
+/// over-limit cache (its docs say so): the key stays refused here until the
+/// time Redis named, and no longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_instances_reset_waits_for_the_time_redis_named() {
+    let server = RedisServer::start();
+    let cached = RateLimiter::builder()
+        .redis(server.url())
+        .over_limit_cache(true)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let other = direct(&server).await;
+    let rule = Rule::fixed_window(1, Duration::from_secs(1));
+    let key = "limiter:cache:elsewhere";
+    assert!(cached.check(&rule, key).await.unwrap().allowed);
+    let refused = cached.check(&rule, key).await.unwrap();
+    assert!(!refused.allowed);
+    let until = Instant::now() + refused.retry_after;
+    other.reset(&rule, key).await.unwrap();
+    assert!(
+        !cached.check(&rule, key).await.unwrap().allowed,
+        "refused here"
+    );
+    tokio::time::sleep_until((until + Duration::from_millis(50)).into()).await;
+    assert!(cached.check(&rule, key).await.unwrap().allowed);
+}
