@@ -128,6 +128,7 @@ pub(crate) struct Spec {
     pub(crate) leases: bool,
     /// Whether Redis keeps its state in a string (read ahead, with the
     /// batch's `MGET`), not a sorted set.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) string: bool,
     /// Its state machine: checks and consumes `cost` units at `now` (µs).
     pub(crate) check: fn(&mut Option<State>, &Rule, u64, u64) -> Outcome,
