@@ -45,7 +45,7 @@ fn handler(c: &mut Criterion) {
     let limited_app = system.block_on(test::init_service(App::new().service(limited)));
     // The plain handler behind the middleware, with the same rule.
     let middleware =
-        RateLimit::new(Rule::fixed_window(1_000_000_000, Duration::from_secs(1))).key("bench_mw");
+        RateLimit::new(Rule::fixed_window(1_000_000_000, Duration::from_secs(1))).name("bench_mw");
     let middleware_app = system.block_on(test::init_service(
         App::new().service(web::scope("").wrap(middleware).service(plain)),
     ));

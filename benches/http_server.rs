@@ -57,7 +57,7 @@ mod axum_side {
             "plain" => Router::new().route("/bench", get(plain)),
             "layer" => Router::new().route("/bench", get(plain)).layer(
                 RateLimitLayer::new(NEVER)
-                    .key("bench_layer")
+                    .name("bench_layer")
                     .by_ip()
                     .limiter(limiter)
                     .options(options),
@@ -115,7 +115,7 @@ mod actix_side {
                 .bind(bind)?
                 .run(),
             "middleware" => {
-                let middleware = RateLimit::new(NEVER).key("bench_mw").by_ip();
+                let middleware = RateLimit::new(NEVER).name("bench_mw").by_ip();
                 HttpServer::new(move || {
                     App::new()
                         .app_data(limiter.clone())

@@ -124,7 +124,7 @@ const BENCH_ENDPOINTS: [&str; 4] = ["limited", "plain", "fields", "middleware"];
 /// For the HTTP benchmark: the plain handler behind the [`RateLimit`]
 /// middleware, with a limit it never reaches (as `/bench/limited`'s).
 fn bench_middleware() -> RateLimit {
-    RateLimit::new(Rule::fixed_window(1_000_000_000, Duration::from_secs(1))).key("bench_mw")
+    RateLimit::new(Rule::fixed_window(1_000_000_000, Duration::from_secs(1))).name("bench_mw")
 }
 
 /// Every benchmark endpoint, or only the one named.

@@ -109,7 +109,7 @@ fn bench_endpoints() -> Router {
         .route("/bench/plain", get(bench_plain))
         .route(
             "/bench/layer",
-            get(bench_plain).layer(RateLimitLayer::new(never).key("bench_layer")),
+            get(bench_plain).layer(RateLimitLayer::new(never).name("bench_layer")),
         )
 }
 
@@ -136,7 +136,7 @@ async fn main() -> Result<(), support::Failure> {
     let (limiter, backend) = support::limiter().await?;
     let layered = endpoints().layer(
         RateLimitLayer::new(LAYER)
-            .key("layer")
+            .name("layer")
             .by_ip()
             // The path as the nested router sees it.
             .exempt_path("/health"),

@@ -319,7 +319,7 @@ fn serve_with_middleware(options: HttpOptions) -> SocketAddr {
                 web::scope("/ip")
                     .wrap(
                         RateLimit::new(API)
-                            .key("mw-ip")
+                            .name("mw-ip")
                             .by_ip()
                             .exempt_path("/ip/health")
                             .exempt_key("198.51.100.1")
@@ -334,7 +334,7 @@ fn serve_with_middleware(options: HttpOptions) -> SocketAddr {
                 web::scope("/key")
                     .wrap(
                         RateLimit::new(API)
-                            .key("mw-key")
+                            .name("mw-key")
                             .by_header("x-api-key")
                             .exempt_key("admin")
                             .exempt_key(long_key),
@@ -348,7 +348,7 @@ fn serve_with_middleware(options: HttpOptions) -> SocketAddr {
                 web::scope("/custom")
                     .wrap(
                         RateLimit::new(API)
-                            .key("mw-custom")
+                            .name("mw-custom")
                             .by_key(|req| {
                                 req.query_string().strip_prefix("user=").map(str::to_owned)
                             })
@@ -499,7 +499,7 @@ async fn the_middleware_gives_back_the_units_of_server_errors() {
             .app_data(RateLimiter::in_memory())
             .wrap(
                 RateLimit::new(Rule::fixed_window(2, Duration::from_secs(60)))
-                    .key("actix_refund_5xx")
+                    .name("actix_refund_5xx")
                     .by_ip()
                     .refund_if(|status| status >= 500),
             )
@@ -528,7 +528,7 @@ async fn the_middleware_picks_a_tier_per_request() {
 
     let plans = Tiers::new().tier("actix_pro", Rule::fixed_window(3, Duration::from_secs(10)));
     let middleware = RateLimit::new(Rule::fixed_window(1, Duration::from_secs(10)))
-        .key("actix_tiered")
+        .name("actix_tiered")
         .by_ip()
         .tiers(plans, |req| {
             let plan = req.headers().get("x-plan")?.to_str().ok()?;
@@ -584,7 +584,7 @@ async fn refusals_the_app_builds_with_names_in_any_case() {
             .service(limit_test3)
             .service(
                 web::scope("/mw")
-                    .wrap(RateLimit::new(API).key("mw-custom-refusal"))
+                    .wrap(RateLimit::new(API).name("mw-custom-refusal"))
                     .route("", web::get().to(|| async { "mw" })),
             )
     })

@@ -129,6 +129,58 @@ async fn one_key_is_one_budget_and_the_prefix_separates() {
     assert!(other_prefix().await.is_ok());
 }
 
+#[rate_limit(key = "tenant_login", prefix = "tenant:", count = 1, period = 60, by = arg(user))]
+async fn tenant_login(user: &str) -> Result<(), RateLimited> {
+    Ok(())
+}
+
+/// `reset_named` finds the budget where the rule keeps it: under its own
+/// `prefix` (it once built `limiter:<name>` whatever the prefix, answered
+/// `Ok` and left the user limited).
+#[tokio::test]
+async fn reset_named_resets_a_rule_with_its_own_prefix() {
+    let _clock = clock().await;
+    let limiter = RateLimiter::global();
+    assert!(tenant_login("ann").await.is_ok());
+    assert!(tenant_login("ann").await.is_err());
+    let state = limiter.peek_named("tenant_login", "arg:user:ann").await;
+    assert!(!state.unwrap().allowed, "peek_named sees the spent budget");
+    limiter
+        .reset_named("tenant_login", "arg:user:ann")
+        .await
+        .unwrap();
+    assert!(
+        tenant_login("ann").await.is_ok(),
+        "the reset reached the rule's budget"
+    );
+    assert!(
+        tenant_login("bob").await.is_ok(),
+        "another subject's budget is its own"
+    );
+}
+
+#[rate_limit(count = 1, period = 60)]
+async fn without_a_key() -> Result<(), RateLimited> {
+    Ok(())
+}
+
+/// A fn without `key` is named by its fn name, and its keys hold its module
+/// path: `reset_named` by that name reaches them.
+#[tokio::test]
+async fn reset_named_resets_a_rule_without_a_key() {
+    let _clock = clock().await;
+    assert!(without_a_key().await.is_ok());
+    assert!(without_a_key().await.is_err());
+    RateLimiter::global()
+        .reset_named("without_a_key", "")
+        .await
+        .unwrap();
+    assert!(
+        without_a_key().await.is_ok(),
+        "the reset reached the rule's budget"
+    );
+}
+
 #[derive(Debug)]
 enum AppError {
     Busy(RateLimited),

@@ -410,20 +410,20 @@ async fn the_layer_limits_a_router_by_ip_header_or_closure_with_allow_lists() {
         .route("/health", ok())
         .layer(
             RateLimitLayer::new(LAYERED)
-                .key("axum_layer_ip")
+                .name("axum_layer_ip")
                 .by_ip()
                 .exempt_path("/health")
                 .exempt_key("127.0.0.2"),
         );
     let by_header = Router::new().route("/h", ok()).route_layer(
         RateLimitLayer::new(LAYERED)
-            .key("axum_layer_header")
+            .name("axum_layer_header")
             .by_header("x-api-key")
             .exempt_key("admin"),
     );
     let by_key = Router::new().route("/k", ok()).layer(
         RateLimitLayer::new(LAYERED)
-            .key("axum_layer_key")
+            .name("axum_layer_key")
             .by_key(|parts| parts.uri.query().map(str::to_owned)),
     );
     let addr = serve(
@@ -504,7 +504,7 @@ async fn the_layer_holds_a_lease_until_the_response_and_wraps_any_service() {
         })
     };
     let service = RateLimitLayer::new(Rule::concurrency(2, Duration::from_secs(60)))
-        .key("axum_layer_leases")
+        .name("axum_layer_leases")
         .limiter(limiter)
         .layer(inner);
     let calls: Vec<_> = (0..6)
@@ -678,7 +678,7 @@ async fn the_layer_gives_back_the_units_of_server_errors() {
         .route("/works", get(|| async { "ok" }))
         .layer(
             RateLimitLayer::new(Rule::fixed_window(2, Duration::from_secs(60)))
-                .key("axum_refund_5xx")
+                .name("axum_refund_5xx")
                 .by_ip()
                 .refund_if(|status| status >= 500),
         )
@@ -720,7 +720,7 @@ async fn refusals_the_app_builds_itself() {
     for standard in [true, false] {
         let layered = Router::new().route("/l", get(|| async { "ok" })).layer(
             RateLimitLayer::new(Rule::fixed_window(1, Duration::from_secs(10)))
-                .key("axum_custom_layer"),
+                .name("axum_custom_layer"),
         );
         let app = router()
             .merge(layered)
@@ -768,7 +768,7 @@ async fn the_layer_picks_a_tier_per_request() {
         .route("/t", get(|| async { "ok" }))
         .layer(
             RateLimitLayer::new(Rule::fixed_window(2, Duration::from_secs(10)))
-                .key("axum_tiered")
+                .name("axum_tiered")
                 .by_header("x-api-key")
                 .tiers(plans, |parts| {
                     let plan = parts.headers.get("x-plan")?.to_str().ok()?;

@@ -56,7 +56,7 @@ async fn actix(limiter: RateLimiter, options: HttpOptions) -> std::io::Result<So
             .service(per_address)
             .service(
                 web::scope("/api")
-                    .wrap(RateLimit::new(TWO).key("api_key").by_header("x-api-key"))
+                    .wrap(RateLimit::new(TWO).name("api_key").by_header("x-api-key"))
                     .route("", web::get().to(|| async { "ok" })),
             )
     })
@@ -202,7 +202,7 @@ impl std::io::Write for Logs {
 async fn a_tower_layer_without_the_key_secret_it_needs_says_so_and_refuses() {
     let redis = RedisServer::start();
     let layer = RateLimitLayer::new(TWO)
-        .key("tower_key")
+        .name("tower_key")
         .by_header("x-api-key")
         .limiter(redis_limiter(&redis).await);
     let logs = Logs::default();

@@ -275,8 +275,8 @@ fn an_override_under_a_calls_cost_is_refused_for_attribute_and_middleware() {
 
     // The middleware's cost, set after its name or before it.
     let rule = Rule::fixed_window(5, Duration::from_secs(60));
-    let _named_first = RateLimit::new(rule).key("ops-mw-costly").cost(4);
-    let _cost_first = RateLimit::new(rule).cost(2).key("ops-mw-cost-first");
+    let _named_first = RateLimit::new(rule).name("ops-mw-costly").cost(4);
+    let _cost_first = RateLimit::new(rule).cost(2).name("ops-mw-cost-first");
     for (name, units) in [("ops-mw-costly", 4), ("ops-mw-cost-first", 2)] {
         let error = overrides::set(name, count(units - 1))
             .unwrap_err()
@@ -302,8 +302,8 @@ fn overrides_know_the_names_middleware_ends_with_and_every_rule_under_a_name() {
     };
     // A builder renamed: the name it had is no rule's any more.
     let _renamed = RateLimit::new(rule)
-        .key("ops-first-name")
-        .key("ops-last-name");
+        .name("ops-first-name")
+        .name("ops-last-name");
     let names = overrides::rule_names();
     assert!(names.iter().any(|n| n == "ops-last-name"), "{names:?}");
     assert!(!names.iter().any(|n| n == "ops-first-name"), "{names:?}");
@@ -313,8 +313,8 @@ fn overrides_know_the_names_middleware_ends_with_and_every_rule_under_a_name() {
     assert!(error.contains("no rule has that name"), "{error}");
 
     // A clone renamed: its source is still a middleware under its own name.
-    let template = RateLimit::new(rule).key("ops-template");
-    let _derived = template.clone().key("ops-derived");
+    let template = RateLimit::new(rule).name("ops-template");
+    let _derived = template.clone().name("ops-derived");
     for name in ["ops-template", "ops-derived"] {
         overrides::set(name, count).unwrap();
         overrides::clear(name);
@@ -323,7 +323,7 @@ fn overrides_know_the_names_middleware_ends_with_and_every_rule_under_a_name() {
     // A name shared by a gcra call site and a fixed-window middleware: a
     // burst is refused, as the fixed window cannot take one (it was checked
     // against the first rule found alone, then dropped for the middleware).
-    let _shared = RateLimit::new(rule).key("ops-mixed");
+    let _shared = RateLimit::new(rule).name("ops-mixed");
     let burst = RuleOverride {
         burst: Some(4),
         ..Default::default()
@@ -506,7 +506,7 @@ fn serve_behind(limit: RateLimit, limiter: RateLimiter, workers: usize) -> std::
 async fn middleware_decisions_are_counted_like_the_attributes() {
     LazyLock::force(&SNAPSHOTTER);
     let rule = Rule::fixed_window(2, Duration::from_secs(60));
-    let limit = RateLimit::new(rule).key("ops-mw-metrics");
+    let limit = RateLimit::new(rule).name("ops-mw-metrics");
     let addr = serve_behind(limit, RateLimiter::in_memory(), 1);
     let one = std::net::IpAddr::V4(Ipv4Addr::LOCALHOST);
     let statuses: Vec<u16> = futures_statuses(addr, one, 3).await;
@@ -532,7 +532,7 @@ async fn futures_statuses(
 #[actix_web::test]
 async fn a_middleware_global_budget_is_one_per_store_shared_with_checks_by_hand() {
     let rule = Rule::fixed_window(2, Duration::from_secs(60));
-    let limit = RateLimit::new(rule).key("ops-mw-pinned");
+    let limit = RateLimit::new(rule).name("ops-mw-pinned");
     let one = std::net::IpAddr::V4(Ipv4Addr::LOCALHOST);
     for _ in 0..2 {
         let limiter = RateLimiter::in_memory();
@@ -554,7 +554,7 @@ async fn a_middleware_global_budget_is_one_per_store_shared_with_checks_by_hand(
 #[actix_web::test]
 async fn a_middleware_states_each_response_and_the_overridden_rule() {
     let _one_at_a_time = OVERRIDES.lock().await;
-    let limit = RateLimit::new(Rule::fixed_window(5, Duration::from_secs(60))).key("ops-mw-kept");
+    let limit = RateLimit::new(Rule::fixed_window(5, Duration::from_secs(60))).name("ops-mw-kept");
     let addr = serve_behind(limit, RateLimiter::in_memory(), 1);
     let one = std::net::IpAddr::V4(Ipv4Addr::LOCALHOST);
     let mut fields = Vec::new();
@@ -591,7 +591,7 @@ async fn a_middleware_built_before_the_server_takes_overrides_loaded_at_start_up
     let _one_at_a_time = OVERRIDES.lock().await;
     // Built once, before the overrides are loaded (so its name is known),
     // and cloned into the app factory: it is Send and Sync.
-    let limit = RateLimit::new(Rule::fixed_window(2, Duration::from_secs(60))).key("ops-mw-early");
+    let limit = RateLimit::new(Rule::fixed_window(2, Duration::from_secs(60))).name("ops-mw-early");
     overrides::load_str("ops-mw-early.count = 4").unwrap();
     // One store for both workers.
     let addr = serve_behind(limit, RateLimiter::in_memory(), 2);

@@ -59,7 +59,7 @@ fn the_macro_knows_which_characters_values_keep() {
     let punctuation = macro_kept_punctuation();
     for byte in 0x20u8..0x7f {
         let c = char::from(byte);
-        let rendered = ratelimit_runtime::keys::SafePart(c.to_string()).to_string();
+        let rendered = ratelimit_runtime::__private::SafePart(c.to_string()).to_string();
         let kept = rendered == c.to_string();
         let macro_keeps = c.is_ascii_alphanumeric() || punctuation.contains(c);
         assert_eq!(kept, macro_keeps, "{c:?}: the runtime renders {rendered:?}");

@@ -1,7 +1,7 @@
 //! Parse and validate `#[rate_limit(...)]`: raw tokens in, a checked
 //! [`Config`] out, with every mistake reported at once, each at its token.
 
-use proc_macro2::{Span, TokenStream, TokenTree};
+use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
 use syn::spanned::Spanned;
 use syn::{Attribute, Expr, ExprLit, ExprPath, FnArg, Ident, ItemFn, Lit, Pat, ReturnType, Type};
@@ -28,8 +28,14 @@ pub(crate) struct RuleConfig {
     pub(crate) rule: RuleSource,
     pub(crate) cost: u64,
     pub(crate) cost_span: Span,
-    /// The rule's name in rate-limit headers: its `key` as written.
+    /// The rule's name (in overrides, rate-limit headers, metrics): its
+    /// `key` as written, else the fn's name.
     pub(crate) name: String,
+    /// `prefix`, if written (else the runtime's default).
+    pub(crate) prefix: Option<String>,
+    /// The name as keys hold it, when that is not `name` (a fn without
+    /// `key`: its module path and name).
+    pub(crate) keyed_as: Option<Vec<Part>>,
     pub(crate) fallback: Option<syn::Path>,
     pub(crate) on_error: Option<&'static str>,
     pub(crate) limiter: Option<String>,
@@ -131,7 +137,9 @@ impl Config {
         });
         let responds = match &func.sig.output {
             ReturnType::Type(_, ty) => match &**ty {
-                Type::ImplTrait(imp) if mentions(imp.to_token_stream(), RESPONSE_TRAITS) => {
+                Type::ImplTrait(imp)
+                    if crate::fallback::mentions(imp.to_token_stream(), RESPONSE_TRAITS) =>
+                {
                     handler.get_or_insert_with(|| Handler {
                         span: imp.span(),
                         why: format!(
@@ -221,11 +229,12 @@ fn take_stacked(func: &mut ItemFn) -> Vec<Attribute> {
 }
 
 fn rule_config(raw: &RawArgs, func: &ItemFn, cx: &mut Ctxt) -> Option<RuleConfig> {
-    let prefix = match raw.value(PREFIX) {
-        Some(value) => string(value, PREFIX, cx).map(|s| s.value()),
-        None => Some(DEFAULT_PREFIX.to_owned()),
-    }
-    .unwrap_or_default();
+    // Without `prefix`, the runtime's default (the key grammar is the runtime's).
+    let prefix = raw.value(PREFIX).map(|value| {
+        string(value, PREFIX, cx)
+            .map(|s| s.value())
+            .unwrap_or_default()
+    });
 
     let rule = rule_source(raw, cx);
 
@@ -254,8 +263,12 @@ fn rule_config(raw: &RawArgs, func: &ItemFn, cx: &mut Ctxt) -> Option<RuleConfig
         }
     }
 
-    let mut key = vec![Part::Text(prefix)];
+    let mut key = vec![match &prefix {
+        Some(prefix) => Part::Text(prefix.clone()),
+        None => Part::Runtime("DEFAULT_PREFIX"),
+    }];
     let mut name = func.sig.ident.to_string();
+    let mut keyed_as = None;
     match raw.value(KEY) {
         Some(value) => {
             if let Some(lit) = string(value, KEY, cx) {
@@ -266,6 +279,10 @@ fn rule_config(raw: &RawArgs, func: &ItemFn, cx: &mut Ctxt) -> Option<RuleConfig
         None => {
             key.push(Part::ModulePath);
             key.push(Part::Text(format!("::{}", func.sig.ident)));
+            keyed_as = Some(vec![
+                Part::ModulePath,
+                Part::Text(format!("::{}", func.sig.ident)),
+            ]);
         }
     }
 
@@ -334,6 +351,8 @@ fn rule_config(raw: &RawArgs, func: &ItemFn, cx: &mut Ctxt) -> Option<RuleConfig
         cost: cost.0,
         cost_span: cost.1,
         name,
+        prefix,
+        keyed_as,
         fallback,
         on_error,
         limiter,
@@ -449,15 +468,6 @@ fn rule_source(raw: &RawArgs, cx: &mut Ctxt) -> Option<RuleSource> {
     })
 }
 
-/// Whether `tokens` name any of `idents`.
-pub(crate) fn mentions(tokens: TokenStream, idents: &[&str]) -> bool {
-    tokens.into_iter().any(|tree| match tree {
-        TokenTree::Ident(ident) => idents.iter().any(|name| ident == name),
-        TokenTree::Group(group) => mentions(group.stream(), idents),
-        _ => false,
-    })
-}
-
 /// The traits whose `impl` in the return type makes a fn an HTTP handler.
 const RESPONSE_TRAITS: &[&str] = &["Responder", "IntoResponse"];
 
@@ -482,6 +492,7 @@ fn key_identity(rule: &RuleConfig) -> String {
         match part {
             Part::Text(text) => identity.push_str(text),
             Part::ModulePath => identity.push_str("{module}"),
+            Part::Runtime(name) => identity.push_str(&format!("{{{name}}}")),
             Part::Value(tokens) => identity.push_str(&format!("{{{tokens}}}")),
         }
     }

@@ -69,21 +69,8 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         let site = format_ident!("__RATELIMIT_SITE_{}", i);
         let permit = format_ident!("__ratelimit_permit_{}", i);
         let registered = format_ident!("__RATELIMIT_SITE_REGISTERED_{}", i);
-        let name = &rule.name;
-        let rule_expr = rule_expr(&rule.rule, &rt);
         let cost = rule.cost;
-        let limiter = match &rule.limiter {
-            Some(name) => quote!(#rt::Option::Some(#name)),
-            None => quote!(#rt::Option::None),
-        };
-        let on_error = match rule.on_error {
-            Some(variant) => {
-                let variant = Ident::new(variant, Span::call_site());
-                quote!(#rt::Option::Some(#rt::OnError::#variant))
-            }
-            None => quote!(#rt::Option::None),
-        };
-        let shadow = rule.shadow;
+        let site_expr = site_expr(rule, &rt);
         let cost_check = match &rule.rule {
             RuleSource::Const(path) => quote_spanned! {rule.cost_span=>
                 const _: () = ::core::assert!(
@@ -125,8 +112,7 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         quote! {
             #cost_check
             #header
-            static #site: #rt::Site =
-                #rt::Site::new(#name, #rule_expr, #cost, #limiter, #on_error, #shadow);
+            static #site: #rt::Site = #site_expr;
             // Registered by the linker, for overrides by name.
             #[#rt::linkme::distributed_slice(#rt::SITES)]
             #[linkme(crate = #rt::linkme)]
@@ -294,6 +280,35 @@ fn check_call(
     }
 }
 
+/// The rule's `Site`: its name and rule, and the options written.
+fn site_expr(rule: &RuleConfig, rt: &TokenStream) -> TokenStream {
+    let name = &rule.name;
+    let rule_expr = rule_expr(&rule.rule, rt);
+    let mut site = quote!(#rt::Site::new(#name, #rule_expr));
+    if rule.cost != 1 {
+        let cost = rule.cost;
+        site.extend(quote!(.with_cost(#cost)));
+    }
+    if let Some(limiter) = &rule.limiter {
+        site.extend(quote!(.with_limiter(#limiter)));
+    }
+    if let Some(variant) = rule.on_error {
+        let variant = Ident::new(variant, Span::call_site());
+        site.extend(quote!(.with_on_error(#rt::OnError::#variant)));
+    }
+    if rule.shadow {
+        site.extend(quote!(.with_shadow(true)));
+    }
+    if let Some(prefix) = &rule.prefix {
+        site.extend(quote!(.with_prefix(#prefix)));
+    }
+    if let Some(keyed_as) = &rule.keyed_as {
+        let keyed_as = static_key(keyed_as, rt);
+        site.extend(quote!(.keyed_as(#keyed_as)));
+    }
+    site
+}
+
 /// Whether the rule's key depends on the call (a placeholder's value).
 fn is_dynamic(rule: &RuleConfig) -> bool {
     rule.key.iter().any(|part| matches!(part, Part::Value(_)))
@@ -302,32 +317,46 @@ fn is_dynamic(rule: &RuleConfig) -> bool {
 /// The rule's key (before any `by = ip`/`header` subject), as a `&str`: one
 /// `&'static str` built at compile time when nothing in it depends on the call.
 fn key_expr(rule: &RuleConfig, rt: &TokenStream) -> TokenStream {
-    if is_dynamic(rule) {
-        let mut format = String::new();
-        let mut args = Vec::new();
-        for part in &rule.key {
-            match part {
-                Part::Text(text) => format.push_str(&text.replace('{', "{{").replace('}', "}}")),
-                Part::ModulePath => {
-                    format.push_str("{}");
-                    args.push(quote!(::core::module_path!()));
-                }
-                Part::Value(value) => {
-                    // The caller's value: long or odd ones are digested.
-                    format.push_str("{}");
-                    args.push(quote!(#rt::SafePart(#rt::format!("{}", #value))));
-                }
+    if !is_dynamic(rule) {
+        return static_key(&rule.key, rt);
+    }
+    let mut format = String::new();
+    let mut args = Vec::new();
+    for part in &rule.key {
+        match part {
+            Part::Text(text) => format.push_str(&text.replace('{', "{{").replace('}', "}}")),
+            Part::ModulePath => {
+                format.push_str("{}");
+                args.push(quote!(::core::module_path!()));
+            }
+            Part::Runtime(name) => {
+                format.push_str("{}");
+                let name = Ident::new(name, Span::call_site());
+                args.push(quote!(#rt::#name));
+            }
+            Part::Value(value) => {
+                // The caller's value: long or odd ones are digested.
+                format.push_str("{}");
+                args.push(quote!(#rt::SafePart(#rt::format!("{}", #value))));
             }
         }
-        quote!(&#rt::format!(#format #(, #args)*))
-    } else {
-        let pieces = rule.key.iter().map(|part| match part {
-            Part::Text(text) => quote!(#text),
-            Part::ModulePath => quote!(::core::module_path!()),
-            Part::Value(_) => unreachable!("not dynamic"),
-        });
-        quote!(::core::concat!(#(#pieces),*))
     }
+    quote!(&#rt::format!(#format #(, #args)*))
+}
+
+/// Parts that do not depend on the call, as one `&'static str` made at
+/// compile time.
+fn static_key(parts: &[Part], rt: &TokenStream) -> TokenStream {
+    let pieces = parts.iter().map(|part| match part {
+        Part::Text(text) => quote!(#text),
+        Part::ModulePath => quote!(::core::module_path!()),
+        Part::Runtime(name) => {
+            let name = Ident::new(name, Span::call_site());
+            quote!(#rt::#name)
+        }
+        Part::Value(_) => unreachable!("not dynamic"),
+    });
+    quote!(#rt::static_key!(#(#pieces),*))
 }
 
 /// What the fn returns when the call is rejected (an expression of type `!`).
@@ -357,7 +386,7 @@ fn reject(
             // `impl` in it cannot be named; inference finds it.
             return match &func.sig.output {
                 ReturnType::Type(_, ty)
-                    if crate::attr::mentions(ty.to_token_stream(), &["impl"]) =>
+                    if crate::fallback::mentions(ty.to_token_stream(), &["impl"]) =>
                 {
                     quote_spanned!(ty.span()=> return #rt::reject(__ratelimit_limited))
                 }
@@ -413,7 +442,14 @@ mod tests {
                 }
             ),
         );
-        assert!(out.contains(r#"concat ! ("limiter:k")"#), "{out}");
+        // One `&'static str` made at compile time, under the runtime's
+        // default prefix (the key grammar is written once, in the runtime).
+        assert!(
+            out.contains(
+                r#"static_key ! (:: ratelimit_runtime :: __private :: DEFAULT_PREFIX , "k")"#
+            ),
+            "{out}"
+        );
         assert!(
             !out.contains("format"),
             "no allocation for a static key: {out}"
@@ -461,8 +497,12 @@ mod tests {
                 }
             ),
         );
-        let first = out.find("limiter:first").expect("first rule");
-        let second = out.find("limiter:second").expect("second rule");
+        let first = out
+            .find(r#"DEFAULT_PREFIX , "first")"#)
+            .expect("first rule");
+        let second = out
+            .find(r#"DEFAULT_PREFIX , "second")"#)
+            .expect("second rule");
         assert!(first < second, "{out}");
         assert!(
             !out.contains("# [rate_limit"),

@@ -140,7 +140,7 @@ pub(crate) fn output(func: &ItemFn) -> Output {
         ReturnType::Default => return Output::Named(Box::new(syn::parse_quote!(()))),
         ReturnType::Type(_, ty) => &**ty,
     };
-    if !crate::attr::mentions(ty.to_token_stream(), &["impl"]) {
+    if !mentions(ty.to_token_stream(), &["impl"]) {
         return Output::Named(Box::new(ty.clone()));
     }
     let Type::ImplTrait(imp) = ty else {
@@ -162,7 +162,7 @@ pub(crate) fn output(func: &ItemFn) -> Output {
             TypeParamBound::Trait(bound)
                 if bound.maybe.is_none()
                     && bound.lifetimes.is_none()
-                    && !crate::attr::mentions(bound.to_token_stream(), &outer)
+                    && !mentions(bound.to_token_stream(), &outer)
                     && !has_lifetime(bound.to_token_stream()) =>
             {
                 Some(bound.clone())
@@ -266,6 +266,15 @@ pub(crate) fn call(
         let __ratelimit_args = (#(#args,)* __ratelimit_limited,);
         #call.await
     }}
+}
+
+/// Whether `tokens` name any of `idents`.
+pub(crate) fn mentions(tokens: TokenStream, idents: &[&str]) -> bool {
+    tokens.into_iter().any(|tree| match tree {
+        TokenTree::Ident(ident) => idents.iter().any(|name| ident == name),
+        TokenTree::Group(group) => mentions(group.stream(), idents),
+        _ => false,
+    })
 }
 
 /// Tokens as a person writes them: `State(app): State<App>`, `&'a str`,

@@ -13,6 +13,9 @@ pub(crate) enum Part {
     Text(String),
     /// `module_path!()` (the default key).
     ModulePath,
+    /// A constant of the runtime's key grammar (`__private::NAME`): the
+    /// default prefix, a subject's tag.
+    Runtime(&'static str),
     /// A value rendered with `Display`: a parameter, `self.field`, `arg(..)`.
     Value(TokenStream),
 }
@@ -249,7 +252,8 @@ pub(crate) fn subject(by: &Expr, func: &ItemFn, key: &mut Vec<Part>, cx: &mut Ct
                 let name = p.path.get_ident().expect("checked");
                 let params = param_names(func);
                 if params.contains(&name) {
-                    push_text(key, &format!(":arg:{name}:"));
+                    key.push(Part::Runtime("ARG"));
+                    push_text(key, &format!("{name}:"));
                     key.push(Part::Value(name.to_token_stream()));
                 } else {
                     let list = params

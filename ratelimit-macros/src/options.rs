@@ -59,7 +59,6 @@ pub(crate) const MAX_PERIOD_MS: u64 = 366 * 24 * 60 * 60 * 1000;
 /// Mirrors `Rule::MAX_BURST_PERIOD_US`.
 pub(crate) const MAX_BURST_PERIOD_US: u64 = 1 << 52;
 
-pub(crate) const DEFAULT_PREFIX: &str = "limiter:";
 pub(crate) const DEFAULT_PERIOD_MS: u64 = 1000;
 
 /// Collects errors so the user sees every mistake in one build (serde's `Ctxt`).

@@ -1,7 +1,7 @@
 //! axum (feature `axum`): `#[rate_limit]` on handlers ([`HttpCall`] is an
 //! extractor here, [`Reply`] a response), refusals as responses, and the
 //! [`RateLimitLayer`](crate::tower::RateLimitLayer) (feature `tower`, on
-//! with `axum`) for routers. A thin layer over [`pipeline`]
+//! with `axum`) for routers. A thin layer over the decision pipeline
 //! and [`http`](crate::http).
 //!
 //! Per router, through request extensions:
@@ -38,8 +38,10 @@ use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::response::{IntoResponse, Response};
 use http::HeaderValue;
 
+use crate::decision::RateLimited;
 use crate::http::{HttpCall, HttpOptions, NoFallback, Refusal, Reply, ReplyKind, append};
-use crate::{RateLimited, RateLimiter, pipeline};
+use crate::limiter::RateLimiter;
+use crate::pipeline;
 
 /// The peer's address from axum's `ConnectInfo<SocketAddr>`, or a
 /// `SocketAddr` extension another server put there.

@@ -125,8 +125,10 @@ pub struct RateLimited {
     pub cause: Cause,
     /// The rule's window (`period`), for rate-limit headers.
     pub period: Duration,
-    /// The rule's name (its `key` as written), for rate-limit headers.
-    pub policy: &'static str,
+    /// The name of the rule that refused (an attribute's `key` as written,
+    /// a middleware's [`name`](crate::RateLimit::name)), for rate-limit
+    /// headers and logs.
+    pub name: &'static str,
 }
 
 impl RateLimited {
@@ -139,21 +141,21 @@ impl RateLimited {
             reset_after: decision.reset_after,
             cause: Cause::OverLimit,
             period: Duration::ZERO,
-            policy: "default",
+            name: "default",
         }
     }
 
     /// The same refusal, naming the rule it came from.
-    pub fn with_rule(self, period: Duration, policy: &'static str) -> RateLimited {
+    pub(crate) fn with_rule(self, period: Duration, name: &'static str) -> RateLimited {
         RateLimited {
             period,
-            policy,
+            name,
             ..self
         }
     }
 
     /// A refusal because a per-client rule could not identify the client.
-    pub fn unknown_client(limit: u64) -> RateLimited {
+    pub(crate) fn unknown_client(limit: u64) -> RateLimited {
         RateLimited {
             cause: Cause::UnknownClient,
             ..RateLimited::backend_unavailable(limit)
@@ -179,7 +181,7 @@ impl RateLimited {
             reset_after: Duration::from_secs(1),
             cause: Cause::BackendUnavailable,
             period: Duration::ZERO,
-            policy: "default",
+            name: "default",
         }
     }
 

@@ -1,4 +1,20 @@
-//! Key parts that come from callers (parameters rendered into `{param}`,
+//! The key grammar, in one place: a budget's storage key is
+//!
+//! ```text
+//! prefix + name + subject
+//! limiter:  login   :arg:user:ann
+//! ```
+//!
+//! - the *prefix*: the rule's `prefix` ([`DEFAULT_PREFIX`] unless it says
+//!   otherwise), a namespace in a shared Redis;
+//! - the *name*: the rule's name as keys hold it: its `key` as written, with
+//!   `{param}` placeholders rendered (for a fn without `key`, its module
+//!   path and name);
+//! - the *subject*, whose budget it is: empty for everyone, else `:` and a
+//!   tag, [`IP`] (`:ip:1.2.3.4`), [`HEADER`] (`:header:x-api-key:#<digest>`),
+//!   [`ARG`] (`:arg:user:ann`) or [`CLOSURE`] (`:key:<value>`).
+//!
+//! Parts that come from callers (parameters rendered into `{param}`,
 //! `arg(..)`, header values, closure keys) are untrusted: they are kept as
 //! they are only when short and made of safe characters, and replaced by a
 //! digest otherwise. So no caller can make a key long (Redis memory, our
@@ -8,8 +24,101 @@
 
 use std::fmt::{self, Write as _};
 
+/// The prefix of a rule that names none.
+pub const DEFAULT_PREFIX: &str = "limiter:";
+
+/// The subject tag of `by = ip` (and a middleware's `by_ip`).
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
+pub(crate) const IP: &str = ":ip:";
+/// The subject tag of `by = header(..)` (and a middleware's `by_header`).
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
+pub(crate) const HEADER: &str = ":header:";
+/// The subject tag of `by = arg(..)`.
+pub const ARG: &str = ":arg:";
+/// The subject tag of a middleware's `by_key` closure.
+#[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
+pub(crate) const CLOSURE: &str = ":key:";
+
+/// The header names of every `by = header(..)` rule of the program
+/// (gathered by the linker): what a handler's request keeps of its
+/// headers, and what tells a limiter it needs a key secret.
+#[linkme::distributed_slice]
+pub static HEADER_SUBJECTS: [&'static str];
+
 /// The longest part kept as it is.
-pub const MAX_PART: usize = 64;
+pub(crate) const MAX_PART: usize = 64;
+
+/// The key of `subject`'s budget under the rule `name` kept under `prefix`.
+/// `subject` is written as [`RateLimiter::reset_named`](crate::RateLimiter::reset_named)
+/// takes it: `""` for everyone, else its tag without the leading `:`
+/// (`"ip:1.2.3.4"`, `"arg:user:ann"`).
+pub(crate) fn key(prefix: &str, name: &str, subject: &str) -> String {
+    let subject = subject.trim_start_matches(':');
+    let mut key = String::with_capacity(prefix.len() + name.len() + 1 + subject.len());
+    key.push_str(prefix);
+    key.push_str(name);
+    if !subject.is_empty() {
+        key.push(':');
+        key.push_str(subject);
+    }
+    key
+}
+
+/// The subject of `key`, a key of the rule whose keys start with `base`
+/// (its prefix and name): what follows `base`, with its leading `:`.
+#[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
+pub(crate) fn subject_of<'k>(key: &'k str, base: &str) -> &'k str {
+    key.strip_prefix(base).unwrap_or_default()
+}
+
+/// The subject of a middleware's `by_key` closure's `value`.
+#[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
+pub(crate) fn closure_subject(value: &str) -> String {
+    let mut subject = String::with_capacity(CLOSURE.len() + value.len().min(MAX_PART + 1));
+    subject.push_str(CLOSURE);
+    push_part(&mut subject, value);
+    subject
+}
+
+/// The bytes of `parts` one after the other, at compile time: what
+/// [`static_key!`](crate::__rate_limit_static_key) builds a key with.
+/// `N` is their length ([`len`]).
+pub const fn concat<const N: usize>(parts: &[&str]) -> [u8; N] {
+    let mut out = [0u8; N];
+    let mut at = 0;
+    let mut i = 0;
+    while i < parts.len() {
+        let bytes = parts[i].as_bytes();
+        let mut j = 0;
+        while j < bytes.len() {
+            out[at] = bytes[j];
+            at += 1;
+            j += 1;
+        }
+        i += 1;
+    }
+    assert!(at == N, "the parts' length");
+    out
+}
+
+/// The length of `parts` one after the other.
+pub const fn len(parts: &[&str]) -> usize {
+    let mut n = 0;
+    let mut i = 0;
+    while i < parts.len() {
+        n += parts[i].len();
+        i += 1;
+    }
+    n
+}
+
+/// `bytes` made of whole `&str`s ([`concat`]) as a `&str`.
+pub const fn as_str(bytes: &[u8]) -> &str {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(_) => panic!("parts of whole strings"),
+    }
+}
 
 /// Bytes a part may hold and still be kept as it is. Not `:` (our
 /// separator), `{` `}` (hash tags), `*` `?` `[` `]` (globs), `~` (marks a
@@ -21,7 +130,7 @@ fn is_safe(b: u8) -> bool {
 /// Appends `part` to `out`: as it is if short and safe, else `~` and 32 hex
 /// digits of its SHA-1 (the same on every instance, so a shared Redis agrees;
 /// `~` never appears in a kept part, so the two cannot collide).
-pub fn push_part(out: &mut String, part: &str) {
+pub(crate) fn push_part(out: &mut String, part: &str) {
     if part.len() <= MAX_PART && part.bytes().all(is_safe) {
         out.push_str(part);
         return;
@@ -37,7 +146,8 @@ pub fn push_part(out: &mut String, part: &str) {
 /// that must not be readable in keys (a header's, an API key), the same on
 /// every instance that shares the secret. `#` never appears in a kept part,
 /// nor in a plain digest (`~`), so none collide.
-pub fn push_digest(out: &mut String, secret: &[u8], value: &[u8]) {
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
+pub(crate) fn push_digest(out: &mut String, secret: &[u8], value: &[u8]) {
     let mac = hmac_sha1(secret, value);
     out.push('#');
     for byte in &mac[..16] {
@@ -46,6 +156,7 @@ pub fn push_digest(out: &mut String, secret: &[u8], value: &[u8]) {
 }
 
 /// HMAC-SHA1 (RFC 2104).
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 fn hmac_sha1(secret: &[u8], message: &[u8]) -> [u8; 20] {
     const BLOCK: usize = 64;
     let mut key = [0u8; BLOCK];
@@ -64,7 +175,7 @@ fn hmac_sha1(secret: &[u8], message: &[u8]) -> [u8; 20] {
     outer.digest().bytes()
 }
 
-/// A part already rendered, written as [`push_part`] would (what
+/// A part already rendered, written as `push_part` would (what
 /// `#[rate_limit]` puts in a key for a `{param}`: the rendering happens in
 /// the user's code, so a type that is not `Display` is reported there).
 #[derive(Debug)]

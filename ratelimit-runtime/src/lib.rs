@@ -74,10 +74,14 @@
 //!
 //! A call flows one way: the attribute or an HTTP adapter ([`actix`],
 //! [`axum`], [`tower`]) ->
-//! the decision [`pipeline`] -> the [`RateLimiter`] -> a [`backend`] ->
+//! the decision pipeline -> the [`RateLimiter`] -> a [`backend`] ->
 //! the algorithm's state machine (in Rust, or a Lua script in Redis).
 //! Nothing below the pipeline knows a web framework; [`http`] holds what
-//! every framework shares (client identity, header fields).
+//! every framework shares (client identity, header fields, the request
+//! flow of the middleware and the layer). Beside the pipeline, the registry
+//! knows every rule by name (its overrides, and
+//! [`reset_named`](RateLimiter::reset_named) and its kin), and the key
+//! grammar (`prefix + name + subject`) is written in one module, `keys`.
 #![deny(missing_docs)]
 // The docs link items of every feature (docs.rs builds them all); a build
 // without some features keeps its docs, with those links as plain text.
@@ -98,10 +102,11 @@ mod decision;
 mod error;
 #[cfg(feature = "http")]
 pub mod http;
-pub mod keys;
+mod keys;
 mod limiter;
 pub mod overrides;
-pub mod pipeline;
+mod pipeline;
+mod registry;
 mod rule;
 mod secret;
 mod site;
@@ -133,8 +138,10 @@ pub use ratelimit_macros::rate_limit;
 /// may change in any release without notice.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::keys::SafePart;
-    pub use crate::pipeline::{HEADER_SUBJECTS, Reject, SITES, Site, check, reject};
+    pub use crate::keys::{ARG, DEFAULT_PREFIX, HEADER_SUBJECTS, SafePart, as_str, concat, len};
+    pub use crate::pipeline::{Reject, check, reject};
+    pub use crate::registry::SITES;
+    pub use crate::site::Site;
     pub use crate::{Algorithm, OnError, Rule};
     pub use ::core::option::Option;
     pub use ::core::result::Result;
@@ -143,13 +150,29 @@ pub mod __private {
     pub use ::std::time::Duration;
 
     pub use crate::__rate_limit_http_handler as http_handler;
+    pub use crate::__rate_limit_static_key as static_key;
 
     /// HTTP handlers (actix-web, axum).
     #[cfg(any(feature = "actix", feature = "axum"))]
     pub mod http {
-        pub use crate::http::{By, HttpCall, Reply, check};
+        pub use crate::http::handler::{By, HttpCall, Reply, check};
         pub use crate::pipeline::Report;
     }
+}
+
+/// A key made at compile time of constant parts (`&'static str`s), for
+/// `#[rate_limit]`'s expansion: one `&'static str`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __rate_limit_static_key {
+    ($($part:expr),+ $(,)?) => {{
+        const __RATELIMIT_KEY: &str = {
+            const PARTS: &[&str] = &[$($part),+];
+            const BYTES: [u8; $crate::__private::len(PARTS)] = $crate::__private::concat(PARTS);
+            $crate::__private::as_str(&BYTES)
+        };
+        __RATELIMIT_KEY
+    }};
 }
 
 /// An HTTP handler's expansion by `#[rate_limit]`: `{ handler } { fn as

@@ -5,37 +5,15 @@
 //! applied in this module and nowhere else. What comes out is a [`Pass`]
 //! (the permit to hold while the call runs, and the numbers for rate-limit
 //! headers) or a [`RateLimited`].
-//!
-//! ```
-//! use std::time::Duration;
-//! use ratelimit_runtime::pipeline::{self, Site};
-//! use ratelimit_runtime::{RateLimiter, Rule};
-//!
-//! static EXPORTS: Site = Site::new(
-//!     "exports",
-//!     Rule::fixed_window(1, Duration::from_secs(60)),
-//!     1,
-//!     None,
-//!     None,
-//!     false,
-//! );
-//!
-//! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! let limiter = RateLimiter::in_memory();
-//! let pass = pipeline::check_on(&EXPORTS, Some(&limiter), "limiter:exports").await.unwrap();
-//! assert_eq!(pass.report().remaining, 0);
-//! let refused = pipeline::check_on(&EXPORTS, Some(&limiter), "limiter:exports").await;
-//! assert!(refused.is_err());
-//! # }
-//! ```
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
-pub use crate::site::{HEADER_SUBJECTS, SITES, Site};
-
-use crate::site::Outcome;
-use crate::{Decision, Error, OnError, Permit, RateLimited, RateLimiter, Rule};
+use crate::decision::{Decision, RateLimited};
+use crate::error::{Error, OnError};
+use crate::limiter::{Permit, RateLimiter};
+use crate::rule::Rule;
+use crate::site::{Event, Site};
 
 /// One rule's state after a call, for rate-limit headers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,7 +45,7 @@ impl Report {
     /// The report of the rule that refused a call.
     pub fn from_refusal(limited: &RateLimited) -> Report {
         Report {
-            name: limited.policy,
+            name: limited.name,
             limit: limited.limit,
             period: limited.period,
             remaining: limited.remaining,
@@ -98,7 +76,7 @@ impl Pass {
     }
 }
 
-/// Checks one call under `site` with the site's limiter ([`Site::limiter`]):
+/// Checks one call under `site` with the site's limiter (`Site::limiter`):
 /// the attribute on a plain async fn.
 pub async fn check(site: &Site, key: &str) -> Result<Pass, RateLimited> {
     check_on(site, site.limiter(), key).await
@@ -106,7 +84,7 @@ pub async fn check(site: &Site, key: &str) -> Result<Pass, RateLimited> {
 
 /// Checks one call under `site` with `limiter` (`None`: the site names a
 /// limiter that is not installed, which is handled as a backend failure).
-pub async fn check_on(
+pub(crate) async fn check_on(
     site: &Site,
     limiter: Option<&RateLimiter>,
     key: &str,
@@ -116,7 +94,7 @@ pub async fn check_on(
     };
     let shadow = site.shadow || limiter.is_shadow();
     let (rule, shadow) =
-        crate::overrides::effective(site.name, &site.rule, shadow).unwrap_or((site.rule, shadow));
+        crate::registry::effective(site.name, &site.rule, shadow).unwrap_or((site.rule, shadow));
     let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
     let answer = limiter.acquire_with(&rule, key, site.cost, on_error).await;
     conclude(site, &rule, shadow, key, answer)
@@ -134,7 +112,7 @@ fn conclude(
     let permit = match answer {
         Ok(permit) => permit,
         Err(Error::Backend(_)) => {
-            site.record(Outcome::BackendError);
+            site.record(Event::BackendError);
             let refused = RateLimited::backend_unavailable(rule.count());
             if shadow {
                 let permit = Permit::allowed_unchecked(rule);
@@ -152,14 +130,14 @@ fn conclude(
         }
     };
     if permit.local {
-        site.record(Outcome::LocalFallback);
+        site.record(Event::LocalFallback);
     }
     if permit.unchecked {
-        site.record(Outcome::BackendError);
+        site.record(Event::BackendError);
     }
     let decision = *permit.decision();
     if decision.allowed {
-        site.record(Outcome::Allowed);
+        site.record(Event::Allowed);
         tracing::debug!(
             rule = site.name,
             key,
@@ -170,7 +148,7 @@ fn conclude(
     }
     let refused = RateLimited::from_decision(&decision).with_rule(rule.period(), site.name);
     if shadow {
-        site.record(Outcome::ShadowLimited);
+        site.record(Event::ShadowLimited);
         // A rule in shadow may refuse every call: a line now and then, with
         // how many it held back (the counter has them all).
         if let Some(unlogged) = site.log_shadow_refusal() {
@@ -185,7 +163,7 @@ fn conclude(
         }
         return Ok(pass(site, rule, permit));
     }
-    site.record(Outcome::Limited);
+    site.record(Event::Limited);
     tracing::debug!(rule = site.name, key, %refused, "rate limited");
     Err(refused)
 }
@@ -217,7 +195,7 @@ async fn missing_limiter(site: &Site, key: &str) -> Result<Pass, RateLimited> {
             conclude(site, rule, site.shadow, key, answer)
         }
         OnError::Allow => {
-            site.record(Outcome::BackendError);
+            site.record(Event::BackendError);
             Ok(pass(site, rule, Permit::allowed_unchecked(rule)))
         }
         OnError::Deny => {

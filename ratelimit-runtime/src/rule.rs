@@ -47,16 +47,6 @@ impl Algorithm {
         Algorithm::Gcra,
         Algorithm::Concurrency,
     ];
-
-    /// The name used in the attribute (`algorithm = fixed_window`) and in logs.
-    pub const fn name(self) -> &'static str {
-        crate::algorithm::spec(self).name
-    }
-
-    /// Whether `burst` means something for this algorithm.
-    pub const fn has_burst(self) -> bool {
-        crate::algorithm::spec(self).burst
-    }
 }
 
 /// A rate-limiting rule: at most `count` units per `period`, by an [`Algorithm`].

@@ -10,7 +10,7 @@ use std::hash::{BuildHasher, Hasher as _, RandomState};
 use std::sync::Arc;
 use std::sync::OnceLock;
 
-use crate::Error;
+use crate::error::Error;
 use crate::site::LogGate;
 
 /// The secret of the keyed digests in keys

@@ -1,34 +1,37 @@
 //! [`Site`]: one rule where it is applied (a `#[rate_limit]` call site or a
-//! middleware's rule), and [`SITES`], every call site of the program.
+//! middleware's rule).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::{OnError, RateLimited, RateLimiter, Rule};
-
-/// Every `#[rate_limit]` rule of the program (gathered by the linker), so
-/// overrides can be checked against their names at start-up.
-#[linkme::distributed_slice]
-pub static SITES: [&'static Site];
-
-/// The header names of every `by = header(..)` rule of the program
-/// (gathered by the linker): what a handler's request keeps of its headers.
-#[linkme::distributed_slice]
-pub static HEADER_SUBJECTS: [&'static str];
+use crate::decision::RateLimited;
+use crate::error::OnError;
+use crate::keys;
+use crate::limiter::RateLimiter;
+use crate::rule::Rule;
 
 /// One rule where it is applied: a `#[rate_limit]` call site (a `static`
 /// per site) or a middleware's rule. It keeps what every check of the rule
-/// shares: its name, rule and options, the named limiter once looked up,
-/// and its metrics handles.
+/// shares: its name, rule and options, where its keys are, the named
+/// limiter once looked up, and its metrics handles.
+///
+/// Made by `#[rate_limit]`'s expansion: `Site::new(name, rule)` and the
+/// `with_*` options it was written with.
 #[derive(Debug)]
 pub struct Site {
+    /// The rule's name: its `key` as written (or the fn's name).
     pub(crate) name: &'static str,
     pub(crate) rule: Rule,
     pub(crate) cost: u64,
     pub(crate) limiter: Option<&'static str>,
     pub(crate) on_error: Option<OnError>,
     pub(crate) shadow: bool,
+    /// Its keys' prefix.
+    pub(crate) prefix: &'static str,
+    /// Its name as its keys hold it, when that is not `name` (a fn
+    /// without `key`: its module path and name).
+    pub(crate) keyed_as: Option<&'static str>,
     named: OnceLock<RateLimiter>,
     /// How often its shadow refusals are logged.
     shadow_log: LogGate,
@@ -37,25 +40,19 @@ pub struct Site {
 }
 
 impl Site {
-    /// A rule and its options: `name` (the `key` as written, which overrides
-    /// and headers name it by), the units one call takes, the limiter
-    /// installed under `limiter` (else the caller's or the global one), the
-    /// failure policy (else the limiter's), and shadow mode.
-    pub const fn new(
-        name: &'static str,
-        rule: Rule,
-        cost: u64,
-        limiter: Option<&'static str>,
-        on_error: Option<OnError>,
-        shadow: bool,
-    ) -> Site {
+    /// The rule `rule` named `name`: one unit a call, the caller's or the
+    /// global limiter, its failure policy, not in shadow mode, keys under
+    /// the default prefix.
+    pub const fn new(name: &'static str, rule: Rule) -> Site {
         Site {
             name,
             rule,
-            cost,
-            limiter,
-            on_error,
-            shadow,
+            cost: 1,
+            limiter: None,
+            on_error: None,
+            shadow: false,
+            prefix: keys::DEFAULT_PREFIX,
+            keyed_as: None,
             named: OnceLock::new(),
             shadow_log: LogGate::new(),
             #[cfg(feature = "metrics")]
@@ -63,29 +60,46 @@ impl Site {
         }
     }
 
-    /// The rule's name (its `key` as written).
-    pub fn name(&self) -> &'static str {
-        self.name
-    }
-
-    /// The rule as written.
-    pub fn rule(&self) -> &Rule {
-        &self.rule
-    }
-
     /// The units one call takes.
-    pub fn cost(&self) -> u64 {
-        self.cost
+    pub const fn with_cost(mut self, cost: u64) -> Site {
+        self.cost = cost;
+        self
     }
 
-    /// The name of the limiter this rule must use, if it names one.
-    pub fn limiter_name(&self) -> Option<&'static str> {
-        self.limiter
+    /// The limiter installed under `name`, instead of the caller's or the
+    /// global one.
+    pub const fn with_limiter(mut self, name: &'static str) -> Site {
+        self.limiter = Some(name);
+        self
+    }
+
+    /// The failure policy, instead of the limiter's.
+    pub const fn with_on_error(mut self, on_error: OnError) -> Site {
+        self.on_error = Some(on_error);
+        self
+    }
+
+    /// Shadow mode: checked and recorded, never refusing.
+    pub const fn with_shadow(mut self, shadow: bool) -> Site {
+        self.shadow = shadow;
+        self
+    }
+
+    /// Its keys' prefix, instead of the default.
+    pub const fn with_prefix(mut self, prefix: &'static str) -> Site {
+        self.prefix = prefix;
+        self
+    }
+
+    /// Its name as its keys hold it, when that is not its name.
+    pub const fn keyed_as(mut self, name: &'static str) -> Site {
+        self.keyed_as = Some(name);
+        self
     }
 
     /// The limiter this rule uses when the caller has none of its own: the
     /// named one (`None` if it is not installed), else the global one.
-    pub fn limiter(&self) -> Option<&RateLimiter> {
+    pub(crate) fn limiter(&self) -> Option<&RateLimiter> {
         match self.limiter {
             None => Some(RateLimiter::global()),
             Some(name) => {
@@ -99,15 +113,16 @@ impl Site {
     }
 
     /// The refusal of a per-client rule whose client cannot be told.
-    pub fn unknown_client(&self) -> RateLimited {
-        self.record(Outcome::Limited);
+    #[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
+    pub(crate) fn unknown_client(&self) -> RateLimited {
+        self.record(Event::Limited);
         RateLimited::unknown_client(self.rule.count()).with_rule(self.rule.period(), self.name)
     }
 
     /// The refusal of a call whose key needs what the limiter lacks (a key
     /// secret for a shared store): `error` is logged, rate limited.
-    pub fn misconfigured(&self, error: &crate::Error) -> RateLimited {
-        self.record(Outcome::Limited);
+    pub fn misconfigured(&self, error: &crate::error::Error) -> RateLimited {
+        self.record(Event::Limited);
         crate::secret::log_missing(error, self.name);
         RateLimited::misconfigured(self.rule.count()).with_rule(self.rule.period(), self.name)
     }
@@ -119,26 +134,26 @@ impl Site {
         self.shadow_log.admit(process_millis())
     }
 
-    /// Counts one outcome of this rule (`ratelimit_calls_total{rule, outcome}`
+    /// Counts one event of this rule (`ratelimit_calls_total{rule, outcome}`
     /// with the `metrics` feature; nothing without it).
-    pub(crate) fn record(&self, outcome: Outcome) {
+    pub(crate) fn record(&self, event: Event) {
         #[cfg(feature = "metrics")]
         {
             let counters = self.counters.get_or_init(|| {
-                Outcome::ALL.map(|o| {
-                    ::metrics::counter!("ratelimit_calls_total", "rule" => self.name, "outcome" => o.label())
+                Event::ALL.map(|e| {
+                    ::metrics::counter!("ratelimit_calls_total", "rule" => self.name, "outcome" => e.label())
                 })
             });
-            counters[outcome as usize].increment(1);
+            counters[event as usize].increment(1);
         }
         #[cfg(not(feature = "metrics"))]
-        let _ = outcome;
+        let _ = event;
     }
 }
 
-/// What happened to a call, for the counters.
+/// What happened to a call, for the counters (their `outcome` label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub(crate) enum Event {
     Allowed,
     Limited,
     ShadowLimited,
@@ -146,24 +161,24 @@ pub(crate) enum Outcome {
     LocalFallback,
 }
 
-impl Outcome {
+impl Event {
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    const ALL: [Outcome; 5] = [
-        Outcome::Allowed,
-        Outcome::Limited,
-        Outcome::ShadowLimited,
-        Outcome::BackendError,
-        Outcome::LocalFallback,
+    const ALL: [Event; 5] = [
+        Event::Allowed,
+        Event::Limited,
+        Event::ShadowLimited,
+        Event::BackendError,
+        Event::LocalFallback,
     ];
 
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     fn label(self) -> &'static str {
         match self {
-            Outcome::Allowed => "allowed",
-            Outcome::Limited => "limited",
-            Outcome::ShadowLimited => "shadow_limited",
-            Outcome::BackendError => "backend_error",
-            Outcome::LocalFallback => "local_fallback",
+            Event::Allowed => "allowed",
+            Event::Limited => "limited",
+            Event::ShadowLimited => "shadow_limited",
+            Event::BackendError => "backend_error",
+            Event::LocalFallback => "local_fallback",
         }
     }
 }

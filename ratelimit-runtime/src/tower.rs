@@ -16,11 +16,10 @@ use http_body_util::{Either, Full};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::RateLimiter;
-use crate::http::Tiers;
-use crate::http::limit::{By, Limit, Sites, Verdict, limit_builder};
-use crate::http::{HttpOptions, Refusal, append, rate_limit_headers, refusal};
-use crate::pipeline;
+use crate::http::flow::{Admission, LimitedRequest};
+use crate::http::limit::{Limit, Sites, Subject, limit_builder};
+use crate::http::{Headers, HttpOptions, Refusal, Tiers, append};
+use crate::limiter::RateLimiter;
 
 /// A closure that names a request's budget.
 type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
@@ -36,7 +35,7 @@ type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 /// let app: Router = Router::new()
 ///     .route("/api", get(|| async { "ok" }))
 ///     .route("/health", get(|| async { "ok" }))
-///     .layer(RateLimitLayer::new(API).key("api").by_ip().exempt_path("/health"));
+///     .layer(RateLimitLayer::new(API).name("api").by_ip().exempt_path("/health"));
 /// ```
 ///
 /// - **Limiter**: the one given to [`limiter`](RateLimitLayer::limiter),
@@ -55,7 +54,7 @@ type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 /// `429` with `Retry-After` (a gRPC request, `grpc-status` 8,
 /// `RESOURCE_EXHAUSTED`). A concurrency rule's lease is held until the inner
 /// service has produced its response. Decisions go through the same
-/// [`pipeline`] as the attribute's: overrides, shadow mode,
+/// decision pipeline as the attribute's: overrides, shadow mode,
 /// the failure policy and metrics apply alike.
 #[derive(Clone)]
 pub struct RateLimitLayer {
@@ -83,7 +82,7 @@ impl RateLimitLayer {
     /// A budget per key your closure computes from the request's head;
     /// `None` lets the request through unlimited.
     pub fn by_key(self, key: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
-        self.with(|m| m.by = By::Key(Arc::new(key)))
+        self.with(|m| m.by = Subject::Key(Arc::new(key)))
     }
 
     /// Rules chosen per request: `pick` names a tier of `tiers` from the
@@ -121,16 +120,16 @@ impl RateLimitLayer {
 }
 
 impl<S> Layer<S> for RateLimitLayer {
-    type Service = RateLimitService<S>;
+    type Service = LimitedService<S>;
 
     /// Logs an error when the layer's keys need a key secret its limiter
     /// (else the installed global one) lacks: its requests are refused
     /// with 500 until the limiter has one.
-    fn layer(&self, inner: S) -> RateLimitService<S> {
+    fn layer(&self, inner: S) -> LimitedService<S> {
         let _ = self
             .inner
             .check_secret(self.limiter.as_ref(), self.options.as_deref());
-        RateLimitService {
+        LimitedService {
             inner,
             sites: Arc::new(Sites::new(&self.inner)),
             layer: self.clone(),
@@ -140,15 +139,15 @@ impl<S> Layer<S> for RateLimitLayer {
 
 /// The service [`RateLimitLayer`] wraps around another.
 #[derive(Clone)]
-pub struct RateLimitService<S> {
+pub struct LimitedService<S> {
     inner: S,
     sites: Arc<Sites>,
     layer: RateLimitLayer,
 }
 
-impl<S> std::fmt::Debug for RateLimitService<S> {
+impl<S> std::fmt::Debug for LimitedService<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RateLimitService")
+        f.debug_struct("LimitedService")
             .field("layer", &self.layer)
             .finish_non_exhaustive()
     }
@@ -158,7 +157,7 @@ impl<S> std::fmt::Debug for RateLimitService<S> {
 /// refusal's.
 pub type LimitedBody<B> = Either<B, Full<bytes::Bytes>>;
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LimitedService<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
@@ -195,53 +194,56 @@ where
             };
             let grpc = is_grpc(&parts.headers);
             let limiter = limiter.as_ref().unwrap_or_else(|| RateLimiter::global());
-            let verdict = layer.inner.verdict(
-                &sites.own,
-                parts.uri.path(),
-                options,
-                limiter,
-                || {
-                    let peer = match &layer.peer {
-                        Some(peer) => peer(&parts),
-                        None => peer_of(&parts),
-                    };
-                    if peer.is_none() {
-                        crate::http::no_peer();
-                    }
-                    options.client_ip(peer, &parts.headers)
-                },
-                &parts.headers,
-                |key| key(&parts),
-            );
-            let key = match verdict {
-                Verdict::Pass => None,
-                Verdict::Check(key) => Some(key),
-                Verdict::Refuse(limited) => {
-                    return Ok(refused(refusal(&limited, &[], options), grpc));
+            let request = TowerRequest {
+                parts: &parts,
+                peer: layer.peer.as_ref(),
+            };
+            let admitted = match layer.inner.admit(&sites, limiter, options, &request).await {
+                Admission::Pass => {
+                    let req = Request::from_parts(parts, body);
+                    return Ok(inner.call(req).await?.map(Either::Left));
                 }
+                Admission::Refuse(refusal) => return Ok(refused(refusal, grpc)),
+                Admission::Admit(admitted) => admitted,
             };
-            let Some(key) = key else {
-                let req = Request::from_parts(parts, body);
-                return Ok(inner.call(req).await?.map(Either::Left));
-            };
-            let (site, key) = sites.choose(&layer.inner, key, |pick| pick(&parts));
-            let req = Request::from_parts(parts, body);
-            let held = match pipeline::check_on(&site, Some(limiter), &key).await {
-                Ok(held) => held,
-                Err(limited) => return Ok(refused(refusal(&limited, &[], options), grpc)),
-            };
-            let fields = rate_limit_headers(options.headers, [held.report()]);
-            let mut response = inner.call(req).await?;
-            // A concurrency lease is held until the response is produced.
-            let charge = held.permit().charge();
-            drop(held);
-            layer
-                .inner
-                .settle(&site, limiter, &key, charge, response.status().as_u16())
-                .await;
+            let mut response = inner.call(Request::from_parts(parts, body)).await?;
+            let status = response.status().as_u16();
+            let fields = admitted.finish(&layer.inner, limiter, status).await;
             append(response.headers_mut(), fields);
             Ok(response.map(Either::Left))
         })
+    }
+}
+
+/// A request's head and the layer's peer reader, as the middleware flow
+/// reads them.
+struct TowerRequest<'a> {
+    parts: &'a Parts,
+    peer: Option<&'a PeerFn>,
+}
+
+impl LimitedRequest<KeyFn> for TowerRequest<'_> {
+    fn path(&self) -> &str {
+        self.parts.uri.path()
+    }
+
+    fn headers(&self) -> &impl Headers {
+        &self.parts.headers
+    }
+
+    fn client_ip(&self, options: &HttpOptions) -> Option<IpAddr> {
+        let peer = match self.peer {
+            Some(peer) => peer(self.parts),
+            None => peer_of(self.parts),
+        };
+        if peer.is_none() {
+            crate::http::no_peer();
+        }
+        options.client_ip(peer, &self.parts.headers)
+    }
+
+    fn run(&self, closure: &KeyFn) -> Option<String> {
+        closure(self.parts)
     }
 }
 

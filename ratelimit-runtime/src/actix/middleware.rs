@@ -10,9 +10,9 @@ use actix_web::body::EitherBody;
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
 
 use super::{append, client_ip, limiter_for, options_for, response};
-use crate::http::Tiers;
-use crate::http::limit::{By, Limit, Sites, Verdict, limit_builder};
-use crate::pipeline;
+use crate::http::flow::{Admission, LimitedRequest};
+use crate::http::limit::{Limit, Sites, Subject, limit_builder};
+use crate::http::{Headers, HttpOptions, Tiers};
 
 /// A closure that names a request's budget.
 type KeyFn = Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + Sync>;
@@ -27,14 +27,14 @@ type KeyFn = Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + Sync>;
 ///
 /// const API: Rule = Rule::gcra(100, Duration::from_secs(60));
 /// let app = App::new()
-///     .wrap(RateLimit::new(API).key("api").by_ip().exempt_path("/health"))
+///     .wrap(RateLimit::new(API).name("api").by_ip().exempt_path("/health"))
 ///     .route("/health", web::get().to(|| async { "ok" }));
 /// ```
 ///
 /// A `RateLimit` is `Send` and `Sync`: build it once, before the server
 /// (so its name is known when overrides are loaded), and clone it into the
 /// app factory. Its decisions go through the same
-/// [`pipeline`](crate::pipeline) as the attribute's: overrides, shadow mode,
+/// decision pipeline as the attribute's: overrides, shadow mode,
 /// the failure policy and metrics apply alike.
 #[derive(Clone)]
 pub struct RateLimit {
@@ -54,7 +54,7 @@ impl RateLimit {
         self,
         key: impl Fn(&ServiceRequest) -> Option<String> + Send + Sync + 'static,
     ) -> RateLimit {
-        self.with(|m| m.by = By::Key(Arc::new(key)))
+        self.with(|m| m.by = Subject::Key(Arc::new(key)))
     }
 
     /// Rules chosen per request: `pick` names a tier of `tiers` (a plan
@@ -126,48 +126,39 @@ where
         let sites = Arc::clone(&self.sites);
         let config = Arc::clone(&self.config);
         Box::pin(async move {
-            let pass = |req: ServiceRequest| {
-                let service = Rc::clone(&service);
-                async move { Ok(service.call(req).await?.map_into_left_body()) }
-            };
             let options = options_for(req.request());
             let limiter = limiter_for(req.request()).clone();
-            let verdict = config.verdict(
-                &sites.own,
-                req.path(),
-                options,
-                &limiter,
-                || client_ip(options, req.request()),
-                req.headers(),
-                |key| key(&req),
-            );
-            let key = match verdict {
-                Verdict::Pass => return pass(req).await,
-                Verdict::Check(key) => key,
-                Verdict::Refuse(limited) => {
-                    let refusal = crate::http::refusal(&limited, &[], options);
+            let admitted = match config.admit(&sites, &limiter, options, &req).await {
+                Admission::Pass => return Ok(service.call(req).await?.map_into_left_body()),
+                Admission::Refuse(refusal) => {
                     return Ok(req.into_response(response(refusal)).map_into_right_body());
                 }
+                Admission::Admit(admitted) => admitted,
             };
-            let (site, key) = sites.choose(&config, key, |pick| pick(&req));
-            let checked = pipeline::check_on(&site, Some(&limiter), &key).await;
-            let held = match checked {
-                Ok(held) => held,
-                Err(limited) => {
-                    let refusal = crate::http::refusal(&limited, &[], options);
-                    return Ok(req.into_response(response(refusal)).map_into_right_body());
-                }
-            };
-            let fields = crate::http::rate_limit_headers(options.headers, [held.report()]);
             let mut response = service.call(req).await?;
-            // A concurrency lease is held until the response is produced.
-            let charge = held.permit().charge();
-            drop(held);
-            config
-                .settle(&site, &limiter, &key, charge, response.status().as_u16())
-                .await;
+            let status = response.status().as_u16();
+            let fields = admitted.finish(&config, &limiter, status).await;
             append(response.response_mut(), fields);
             Ok(response.map_into_left_body())
         })
+    }
+}
+
+/// An actix-web request, as the middleware flow reads it.
+impl LimitedRequest<KeyFn> for ServiceRequest {
+    fn path(&self) -> &str {
+        ServiceRequest::path(self)
+    }
+
+    fn headers(&self) -> &impl Headers {
+        ServiceRequest::headers(self)
+    }
+
+    fn client_ip(&self, options: &HttpOptions) -> Option<std::net::IpAddr> {
+        client_ip(options, self.request())
+    }
+
+    fn run(&self, closure: &KeyFn) -> Option<String> {
+        closure(self)
     }
 }

@@ -1,7 +1,7 @@
 //! actix-web (feature `actix`): `#[rate_limit]` on handlers ([`HttpCall`]
 //! is an extractor here, [`Reply`] a responder), the [`RateLimit`]
 //! middleware, and refusals as responses. A thin layer over
-//! [`pipeline`] (the decision) and [`http`](crate::http)
+//! the decision pipeline and [`http`](crate::http)
 //! (client identity, header fields).
 //!
 //! Per app, through its data:
@@ -24,13 +24,14 @@ use actix_web::{FromRequest, HttpRequest, HttpResponse, Responder, ResponseError
 
 pub use middleware::{RateLimit, RateLimitService};
 
+use crate::decision::{Cause, RateLimited};
 use crate::http::{Field, HttpCall, HttpOptions, NoFallback, Refusal, Reply, ReplyKind};
+use crate::limiter::RateLimiter;
 use crate::pipeline;
-use crate::{Cause, RateLimited, RateLimiter};
 
 /// The limiter for this request: the app's (`app_data`) if it has one, else
 /// the global one.
-pub fn limiter_for(req: &HttpRequest) -> &RateLimiter {
+pub(crate) fn limiter_for(req: &HttpRequest) -> &RateLimiter {
     req.app_data::<RateLimiter>()
         .or_else(|| req.app_data::<web::Data<RateLimiter>>().map(|d| &***d))
         .unwrap_or_else(|| RateLimiter::global())
@@ -38,7 +39,7 @@ pub fn limiter_for(req: &HttpRequest) -> &RateLimiter {
 
 /// The HTTP options for this request: the app's (`app_data`) if it has
 /// them, else the defaults.
-pub fn options_for(req: &HttpRequest) -> &HttpOptions {
+pub(crate) fn options_for(req: &HttpRequest) -> &HttpOptions {
     req.app_data::<HttpOptions>()
         .or_else(|| req.app_data::<web::Data<HttpOptions>>().map(|d| &***d))
         .unwrap_or_else(|| HttpOptions::default_ref())
@@ -46,7 +47,7 @@ pub fn options_for(req: &HttpRequest) -> &HttpOptions {
 
 /// The client's address as `options` tell it, from the TCP peer and the
 /// forwarding headers.
-pub fn client_ip(options: &HttpOptions, req: &HttpRequest) -> Option<std::net::IpAddr> {
+pub(crate) fn client_ip(options: &HttpOptions, req: &HttpRequest) -> Option<std::net::IpAddr> {
     options.client_ip(req.peer_addr().map(|a| a.ip()), req.headers())
 }
 
@@ -57,7 +58,7 @@ impl crate::http::Headers for actix_web::http::header::HeaderMap {
 }
 
 /// Turns any responder into a response.
-pub fn respond<R: Responder>(value: R, req: &HttpRequest) -> HttpResponse {
+pub(crate) fn respond<R: Responder>(value: R, req: &HttpRequest) -> HttpResponse {
     value.respond_to(req).map_into_boxed_body()
 }
 

@@ -2,7 +2,7 @@
 //! when its call ends or `period` after it was taken.
 
 use super::{Lease, Outcome, State};
-use crate::Rule;
+use crate::rule::Rule;
 
 /// How many leases a retry time is looked for among (`LEASE_WALK` in
 /// concurrency.lua).

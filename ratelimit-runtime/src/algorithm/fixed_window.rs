@@ -2,7 +2,7 @@
 //! `period` later; refused calls do not count.
 
 use super::{Outcome, State};
-use crate::Rule;
+use crate::rule::Rule;
 
 pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) -> Outcome {
     let count = rule.count();

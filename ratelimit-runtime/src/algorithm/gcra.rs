@@ -1,7 +1,7 @@
 //! GCRA (the leaky bucket as a meter): one theoretical arrival time per key.
 
 use super::{Outcome, State};
-use crate::Rule;
+use crate::rule::Rule;
 
 pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) -> Outcome {
     let (count, period) = (rule.count(), rule.period_us());

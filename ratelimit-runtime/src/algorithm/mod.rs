@@ -30,7 +30,8 @@ pub(crate) use concurrency::{acquire, release};
 pub(crate) use sliding_log::Log;
 pub(crate) use token_bucket::Bucket;
 
-use crate::{Algorithm, Decision, Rule};
+use crate::decision::Decision;
+use crate::rule::{Algorithm, Rule};
 
 /// What one check found, in microseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,6 +128,7 @@ pub(crate) struct Spec {
     pub(crate) leases: bool,
     /// Whether Redis keeps its state in a string (read ahead, with the
     /// batch's `MGET`), not a sorted set.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) string: bool,
     /// Its state machine: checks and consumes `cost` units at `now` (µs).
     pub(crate) check: fn(&mut Option<State>, &Rule, u64, u64) -> Outcome,
@@ -233,6 +235,20 @@ const _: () = {
         i += 1;
     }
 };
+
+// The name and burst of an algorithm are the registry's: its methods live
+// with the table, so the rule does not reach up to the algorithms.
+impl Algorithm {
+    /// The name used in the attribute (`algorithm = fixed_window`) and in logs.
+    pub const fn name(self) -> &'static str {
+        spec(self).name
+    }
+
+    /// Whether `burst` means something for this algorithm.
+    pub const fn has_burst(self) -> bool {
+        spec(self).burst
+    }
+}
 
 /// The registry's entry of `algorithm`.
 pub(crate) const fn spec(algorithm: Algorithm) -> &'static Spec {

@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 
 use super::{Outcome, State};
-use crate::Rule;
+use crate::rule::Rule;
 
 pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) -> Outcome {
     let (count, period) = (rule.count(), rule.period_us());

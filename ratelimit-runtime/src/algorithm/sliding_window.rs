@@ -2,7 +2,7 @@
 //! count weighted by its overlap plus the current one's.
 
 use super::{Outcome, State};
-use crate::Rule;
+use crate::rule::Rule;
 
 /// `floor(count * span / period)`: the previous window's weight, exactly
 /// (the product may pass 2^53, where doubles round; the Lua script works it

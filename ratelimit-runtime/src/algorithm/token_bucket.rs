@@ -2,7 +2,7 @@
 //! `period`, starting full.
 
 use super::{Outcome, State};
-use crate::Rule;
+use crate::rule::Rule;
 
 pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) -> Outcome {
     let (count, period) = (rule.count(), rule.period_us());

@@ -2,7 +2,9 @@
 
 use std::future::Future;
 
-use crate::{Charge, Decision, Error, Rule};
+use crate::decision::{Charge, Decision};
+use crate::error::Error;
+use crate::rule::Rule;
 
 pub mod memory;
 #[cfg(feature = "redis")]

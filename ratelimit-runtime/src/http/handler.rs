@@ -7,8 +7,10 @@
 use std::net::IpAddr;
 
 use super::{Field, HttpOptions, Refusal, rate_limit_headers, refusal};
-use crate::pipeline::{self, Pass, Report, Site};
-use crate::{RateLimited, RateLimiter};
+use crate::decision::RateLimited;
+use crate::limiter::RateLimiter;
+use crate::pipeline::{self, Pass, Report};
+use crate::site::Site;
 
 /// What `#[rate_limit]` reads of an HTTP request: the limiter and
 /// [`HttpOptions`] the app set, the client's address, and the values of the
@@ -76,7 +78,7 @@ impl HttpCall {
             .unwrap_or_else(|| HttpOptions::default_ref())
             .client_ip(peer, all);
         let mut headers: Vec<(&'static str, Box<[u8]>)> = Vec::new();
-        for &name in crate::site::HEADER_SUBJECTS {
+        for &name in crate::keys::HEADER_SUBJECTS {
             if !headers
                 .iter()
                 .any(|(known, _)| known.eq_ignore_ascii_case(name))
@@ -138,7 +140,7 @@ pub enum By {
 /// Checks one call of a handler under `site`: the key is `base` plus the
 /// subject `by` names; the limiter is the site's named one, else the app's.
 pub async fn check(site: &Site, base: &str, by: By, call: &HttpCall) -> Result<Pass, RateLimited> {
-    let limiter = match site.limiter_name() {
+    let limiter = match site.limiter {
         Some(_) => site.limiter(),
         None => Some(call.limiter()),
     };

@@ -8,15 +8,15 @@ use std::time::Duration;
 use ::http::StatusCode;
 
 use super::{HeaderStyle, HttpOptions};
+use crate::decision::{Cause, RateLimited};
 use crate::pipeline::Report;
-use crate::{Cause, RateLimited};
 
 /// A header field for a response: its name and its value, for any
 /// framework's header types without parsing the name or copying the value
 /// (`HeaderName::from_static`, a value from the string's bytes). The
 /// crate's own names are lowercase; an app's (in a [`Refusal`]) may be in
 /// any case and are sent lowercase.
-pub type Field = (&'static str, String);
+pub(crate) type Field = (&'static str, String);
 
 /// Whether `name` is a field name the `http` crates take as it is (their
 /// `from_static`, which panics on anything else): lowercase letters,
@@ -43,9 +43,9 @@ pub(crate) fn bad_field(name: &str) {
 }
 
 /// The draft's policy field: each rule's limit and window.
-pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
+pub(crate) const RATELIMIT_POLICY: &str = "ratelimit-policy";
 /// The draft's state field: each rule's remaining units and reset.
-pub const RATELIMIT: &str = "ratelimit";
+pub(crate) const RATELIMIT: &str = "ratelimit";
 const X_LIMIT: &str = "x-ratelimit-limit";
 const X_REMAINING: &str = "x-ratelimit-remaining";
 const X_RESET: &str = "x-ratelimit-reset";
@@ -67,7 +67,7 @@ pub(crate) const FIELD_NAMES: [&str; 7] = [
 
 /// The rate-limit header fields, in `style`, for the rules a call went
 /// through (none for no report).
-pub fn rate_limit_headers<'a>(
+pub(crate) fn rate_limit_headers<'a>(
     style: HeaderStyle,
     reports: impl IntoIterator<Item = &'a Report> + Clone,
 ) -> Vec<Field> {
@@ -120,7 +120,7 @@ pub struct Refusal {
 
 /// The response for `limited`, with the rate-limit fields of `passed` (the
 /// rules the call went through before it) and of the refusing rule.
-pub fn refusal(limited: &RateLimited, passed: &[Report], options: &HttpOptions) -> Refusal {
+pub(crate) fn refusal(limited: &RateLimited, passed: &[Report], options: &HttpOptions) -> Refusal {
     let Some(custom) = &options.refusal else {
         return standard(limited, passed, options);
     };
@@ -168,8 +168,8 @@ impl CustomRefusal {
 
     /// Builds the refusal of each cause once and checks its fields: a name
     /// in any case, a value that can be sent.
-    pub(crate) fn check(&self) -> Result<(), crate::Error> {
-        let over = RateLimited::from_decision(&crate::Decision {
+    pub(crate) fn check(&self) -> Result<(), crate::error::Error> {
+        let over = RateLimited::from_decision(&crate::decision::Decision {
             allowed: false,
             limit: 1,
             remaining: 0,
@@ -185,13 +185,13 @@ impl CustomRefusal {
             let limited = limited.with_rule(Duration::from_secs(1), "on_refusal");
             for (name, value) in self.build(&limited).headers {
                 if ::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                    return Err(crate::Error::Config(format!(
+                    return Err(crate::error::Error::Config(format!(
                         "on_refusal: {name:?} is not a header field name (letters, digits \
                          and !#$%&'*+-.^_`|~, in any case)"
                     )));
                 }
                 if ::http::HeaderValue::try_from(value).is_err() {
-                    return Err(crate::Error::Config(format!(
+                    return Err(crate::error::Error::Config(format!(
                         "on_refusal: the value of the field {name:?} cannot be sent (a line \
                          break or another control character)"
                     )));

@@ -7,11 +7,15 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::{Headers, HttpOptions, canonical};
-use crate::pipeline::Site;
-use crate::{OnError, RateLimited, Rule};
+use crate::decision::{Charge, RateLimited};
+use crate::error::{Error, OnError};
+use crate::keys;
+use crate::limiter::RateLimiter;
+use crate::rule::Rule;
+use crate::site::Site;
 
 /// Whose budget a middleware charges; `K` is the framework's key closure.
-pub(crate) enum By<K> {
+pub(crate) enum Subject<K> {
     Global,
     Ip,
     /// A header's name, lowercase.
@@ -19,13 +23,13 @@ pub(crate) enum By<K> {
     Key(K),
 }
 
-impl<K: Clone> Clone for By<K> {
+impl<K: Clone> Clone for Subject<K> {
     fn clone(&self) -> Self {
         match self {
-            By::Global => By::Global,
-            By::Ip => By::Ip,
-            By::Header(name) => By::Header(name.clone()),
-            By::Key(key) => By::Key(key.clone()),
+            Subject::Global => Subject::Global,
+            Subject::Ip => Subject::Ip,
+            Subject::Header(name) => Subject::Header(name.clone()),
+            Subject::Key(key) => Subject::Key(key.clone()),
         }
     }
 }
@@ -36,7 +40,7 @@ pub(crate) struct Limit<K> {
     pub(crate) rule: Rule,
     pub(crate) name: &'static str,
     pub(crate) key: String,
-    pub(crate) by: By<K>,
+    pub(crate) by: Subject<K>,
     pub(crate) cost: u64,
     pub(crate) on_error: Option<OnError>,
     exempt_paths: Vec<String>,
@@ -77,7 +81,7 @@ impl Tiers {
     /// the program (a table is made once, at start-up).
     pub fn tier(mut self, name: impl Into<String>, rule: Rule) -> Tiers {
         let name: &'static str = Box::leak(name.into().into_boxed_str());
-        crate::overrides::register(name, rule, 1);
+        crate::registry::register(name, rule, 1);
         self.tiers.push((name, rule));
         self
     }
@@ -86,8 +90,17 @@ impl Tiers {
     pub(crate) fn sites(&self, cost: u64, on_error: Option<OnError>) -> Vec<Site> {
         self.tiers
             .iter()
-            .map(|&(name, rule)| Site::new(name, rule, cost, None, on_error, false))
+            .map(|&(name, rule)| site(name, rule, cost, on_error))
             .collect()
+    }
+}
+
+/// The site of a middleware's rule (or a tier's).
+fn site(name: &'static str, rule: Rule, cost: u64, on_error: Option<OnError>) -> Site {
+    let site = Site::new(name, rule).with_cost(cost);
+    match on_error {
+        Some(on_error) => site.with_on_error(on_error),
+        None => site,
     }
 }
 
@@ -126,11 +139,9 @@ impl Sites {
         };
         match self.tiers.iter().find(|site| site.name == tier) {
             Some(site) => {
-                let subject = key.strip_prefix(limit.key.as_str()).unwrap_or_default();
-                (
-                    Arc::clone(site),
-                    Cow::Owned(format!("limiter:{}{subject}", site.name)),
-                )
+                let subject = keys::subject_of(&key, &limit.key);
+                let key = keys::key(site.prefix, site.name, subject);
+                (Arc::clone(site), Cow::Owned(key))
             }
             None => {
                 tracing::debug!(tier, "no such tier; the middleware's own rule applies");
@@ -156,12 +167,12 @@ impl<K> Limit<K> {
     /// One budget for all requests under `rule`, named `http` (key
     /// `limiter:http`), known to overrides under that name.
     pub(crate) fn new(rule: Rule) -> Limit<K> {
-        crate::overrides::register("http", rule, 1);
+        crate::registry::register("http", rule, 1);
         Limit {
             rule,
             name: "http",
-            key: "limiter:http".to_owned(),
-            by: By::Global,
+            key: keys::key(keys::DEFAULT_PREFIX, "http", ""),
+            by: Subject::Global,
             cost: 1,
             on_error: None,
             exempt_paths: Vec::new(),
@@ -178,9 +189,9 @@ impl<K> Limit<K> {
     pub(crate) async fn settle(
         &self,
         site: &Site,
-        limiter: &crate::RateLimiter,
+        limiter: &RateLimiter,
         key: &str,
-        charge: Option<crate::Charge>,
+        charge: Option<Charge>,
         status: u16,
     ) {
         let (Some(refund_if), Some(charge)) = (&self.refund_if, charge) else {
@@ -189,8 +200,7 @@ impl<K> Limit<K> {
         if !refund_if(status) {
             return;
         }
-        let rule =
-            crate::overrides::effective(site.name, &self.rule, false).map_or(self.rule, |(r, _)| r);
+        let rule = crate::registry::in_force(site.name, &self.rule);
         if let Err(error) = limiter.refund(&rule, key, charge).await {
             tracing::debug!(%error, key, "could not give back a request's units");
         }
@@ -198,7 +208,7 @@ impl<K> Limit<K> {
 
     /// The site its decisions go through.
     pub(crate) fn site(&self) -> Site {
-        Site::new(self.name, self.rule, self.cost, None, self.on_error, false)
+        site(self.name, self.rule, self.cost, self.on_error)
     }
 
     /// Whether `path` is an exempt path or below one (whole segments).
@@ -229,7 +239,7 @@ impl<K> Limit<K> {
         site: &Site,
         path: &str,
         options: &HttpOptions,
-        limiter: &crate::RateLimiter,
+        limiter: &RateLimiter,
         client: impl FnOnce() -> Option<IpAddr>,
         headers: &impl Headers,
         key: impl FnOnce(&K) -> Option<String>,
@@ -238,8 +248,8 @@ impl<K> Limit<K> {
             return Verdict::Pass;
         }
         let subject = match &self.by {
-            By::Global => return Verdict::Check(Cow::Borrowed(&self.key)),
-            By::Ip => {
+            Subject::Global => return Verdict::Check(Cow::Borrowed(&self.key)),
+            Subject::Ip => {
                 let ip = client();
                 if ip.is_some_and(|ip| self.exempt_ips.contains(&ip)) {
                     return Verdict::Pass;
@@ -257,7 +267,7 @@ impl<K> Limit<K> {
                     Err(()) => return Verdict::Refuse(site.unknown_client()),
                 }
             }
-            By::Header(name) => {
+            Subject::Header(name) => {
                 let value = headers.values(name).next();
                 if value.is_some_and(|v| self.exempt_key(v)) {
                     return Verdict::Pass;
@@ -267,16 +277,14 @@ impl<K> Limit<K> {
                     Err(error) => return Verdict::Refuse(site.misconfigured(&error)),
                 }
             }
-            By::Key(closure) => {
+            Subject::Key(closure) => {
                 let Some(k) = key(closure) else {
                     return Verdict::Pass;
                 };
                 if self.exempt_key(k.as_bytes()) {
                     return Verdict::Pass;
                 }
-                let mut subject = String::from(":key:");
-                crate::keys::push_part(&mut subject, &k);
-                subject
+                keys::closure_subject(&k)
             }
         };
         Verdict::Check(Cow::Owned([self.key.as_str(), &subject].concat()))
@@ -288,21 +296,21 @@ impl<K> Limit<K> {
     /// requests would be refused; better said at start-up.
     pub(crate) fn check_secret(
         &self,
-        limiter: Option<&crate::RateLimiter>,
+        limiter: Option<&RateLimiter>,
         options: Option<&HttpOptions>,
-    ) -> Result<(), crate::Error> {
+    ) -> Result<(), Error> {
         let needs = match &self.by {
-            By::Header(_) => true,
-            By::Ip => options.is_some_and(|options| options.digest_ips),
-            By::Global | By::Key(_) => false,
+            Subject::Header(_) => true,
+            Subject::Ip => options.is_some_and(|options| options.digest_ips),
+            Subject::Global | Subject::Key(_) => false,
         };
-        let Some(limiter) = limiter.or(crate::RateLimiter::installed()) else {
+        let Some(limiter) = limiter.or(RateLimiter::installed()) else {
             return Ok(());
         };
         if !needs || !limiter.lacks_key_secret() {
             return Ok(());
         }
-        let error = crate::Error::Config(format!(
+        let error = Error::Config(format!(
             "the rate limit `{}`: {}",
             self.name,
             crate::secret::MISSING
@@ -314,7 +322,7 @@ impl<K> Limit<K> {
     /// Names the rule `name`: the key is `limiter:<name>` plus the subject.
     pub(crate) fn name(&mut self, name: &'static str) {
         self.name = name;
-        self.key = format!("limiter:{name}");
+        self.key = keys::key(keys::DEFAULT_PREFIX, name, "");
     }
 
     /// A budget per value of the header `name`.
@@ -325,7 +333,7 @@ impl<K> Limit<K> {
     /// start-up).
     pub(crate) fn by_header(&mut self, name: &str) {
         let name = ::http::HeaderName::try_from(name).expect("a valid header name");
-        self.by = By::Header(name.as_str().to_owned());
+        self.by = Subject::Header(name.as_str().to_owned());
     }
 
     /// Units one request takes.
@@ -359,9 +367,9 @@ impl<K> Limit<K> {
 pub(crate) fn register_as<K: Clone>(limit: &mut Arc<Limit<K>>, name: &str, cost: u64) {
     let rule = limit.rule;
     if Arc::get_mut(limit).is_some() {
-        crate::overrides::unregister(limit.name, rule);
+        crate::registry::unregister(limit.name, rule);
     }
-    crate::overrides::register(name, rule, cost);
+    crate::registry::register(name, rule, cost);
 }
 
 /// The builder methods both middlewares share, on a type with a field
@@ -369,9 +377,9 @@ pub(crate) fn register_as<K: Clone>(limit: &mut Arc<Limit<K>>, name: &str, cost:
 macro_rules! limit_builder {
     ($ty:ident) => {
         impl $ty {
-            /// One budget for all requests under `rule`, under the key
-            /// `limiter:http` (set another with [`key`](Self::key)).
-            pub fn new(rule: $crate::Rule) -> $ty {
+            /// One budget for all requests under `rule`, named `http` (its
+            /// key `limiter:http`; name it with [`name`](Self::name)).
+            pub fn new(rule: $crate::rule::Rule) -> $ty {
                 $ty::from_limit(::std::sync::Arc::new($crate::http::limit::Limit::new(rule)))
             }
 
@@ -380,19 +388,29 @@ macro_rules! limit_builder {
                 self
             }
 
-            /// The rule's name: the key is `limiter:<name>` plus the subject,
-            /// the rate-limit headers name the policy so, and overrides
-            /// address the rule by it.
-            pub fn key(mut self, name: &'static str) -> $ty {
+            /// The rule's name: its budgets' keys are `limiter:<name>` plus
+            /// the subject, the rate-limit headers and metrics name it so,
+            /// and overrides and [`reset_named`](crate::RateLimiter::reset_named)
+            /// address it by it.
+            pub fn name(mut self, name: &'static str) -> $ty {
                 let cost = self.inner.cost;
                 $crate::http::limit::register_as(&mut self.inner, name, cost);
                 self.with(|m| m.name(name))
             }
 
+            /// The rule's name: [`name`](Self::name).
+            #[deprecated(
+                since = "0.1.1",
+                note = "renamed `name`: a rule's identity is its name"
+            )]
+            pub fn key(self, name: &'static str) -> $ty {
+                self.name(name)
+            }
+
             /// A budget per client address (see
             /// [`HttpOptions`](crate::HttpOptions) for proxies and IPv6).
             pub fn by_ip(self) -> $ty {
-                self.with(|m| m.by = $crate::http::limit::By::Ip)
+                self.with(|m| m.by = $crate::http::limit::Subject::Ip)
             }
 
             /// A budget per value of a request header (requests without it
@@ -422,7 +440,7 @@ macro_rules! limit_builder {
 
             /// What to do when the backend fails (default: the limiter's
             /// setting).
-            pub fn on_error(self, on_error: $crate::OnError) -> $ty {
+            pub fn on_error(self, on_error: $crate::error::OnError) -> $ty {
                 self.with(|m| m.on_error = Some(on_error))
             }
 
@@ -459,7 +477,7 @@ macro_rules! limit_builder {
             fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
                 f.debug_struct(stringify!($ty))
                     .field("rule", &self.inner.rule)
-                    .field("key", &self.inner.key)
+                    .field("name", &self.inner.name)
                     .finish_non_exhaustive()
             }
         }

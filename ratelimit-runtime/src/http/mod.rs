@@ -6,10 +6,15 @@
 //! this module.
 
 // Alone, without an adapter, the feature builds what the adapters use.
-#![cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
+#![cfg_attr(
+    not(any(feature = "actix", feature = "tower")),
+    allow(dead_code, unused_imports)
+)]
 
+#[cfg(any(feature = "actix", feature = "tower"))]
+pub(crate) mod flow;
 #[cfg(any(feature = "actix", feature = "axum"))]
-mod handler;
+pub(crate) mod handler;
 mod headers;
 #[cfg(any(feature = "actix", feature = "tower"))]
 pub(crate) mod limit;
@@ -23,14 +28,16 @@ pub use ::http::StatusCode;
 #[cfg(any(feature = "actix", feature = "axum"))]
 pub(crate) use handler::ReplyKind;
 #[cfg(any(feature = "actix", feature = "axum"))]
-pub use handler::{By, HttpCall, NoFallback, Reply, check};
+pub use handler::{HttpCall, NoFallback, Reply};
 #[cfg(feature = "actix")]
 pub(crate) use headers::FIELD_NAMES;
-pub use headers::{Field, RATELIMIT, RATELIMIT_POLICY, Refusal, rate_limit_headers, refusal};
+pub use headers::Refusal;
+pub(crate) use headers::{Field, rate_limit_headers, refusal};
 #[cfg(feature = "actix")]
 pub(crate) use headers::{bad_field, is_plain_name};
 
-use crate::Error;
+use crate::error::Error;
+use crate::keys;
 
 /// A request's header fields, as the client identity reads them: each value
 /// of a field, in order. Implemented for the `http` crate's `HeaderMap` and
@@ -311,7 +318,11 @@ impl HttpOptions {
     /// [`Error::Config`] with digests, when the limiter keeps its budgets in
     /// a shared store and was given no key secret (such requests are
     /// refused, so no budget has a subject to name).
-    pub fn subject_of(&self, limiter: &crate::RateLimiter, ip: IpAddr) -> Result<String, Error> {
+    pub fn subject_of(
+        &self,
+        limiter: &crate::limiter::RateLimiter,
+        ip: IpAddr,
+    ) -> Result<String, Error> {
         let secret = match limiter.key_secret() {
             Ok(secret) => secret,
             Err(error) if self.digest_ips => return Err(error),
@@ -334,9 +345,9 @@ impl HttpOptions {
             }
         }
         let mut subject = String::with_capacity(48);
-        subject.push_str(":ip:");
+        subject.push_str(keys::IP);
         if self.digest_ips {
-            crate::keys::push_digest(&mut subject, secret, address.as_bytes());
+            keys::push_digest(&mut subject, secret, address.as_bytes());
         } else {
             subject.push_str(&address);
         }
@@ -379,7 +390,7 @@ impl HttpOptions {
     /// break or another control character).
     pub fn on_refusal(
         mut self,
-        build: impl Fn(&crate::RateLimited) -> Refusal + Send + Sync + 'static,
+        build: impl Fn(&crate::decision::RateLimited) -> Refusal + Send + Sync + 'static,
         standard_headers: bool,
     ) -> Result<HttpOptions, Error> {
         let refusal = headers::CustomRefusal::new(build, standard_headers);
@@ -409,7 +420,7 @@ impl HttpOptions {
     /// budget has a subject to name).
     pub fn subject_of_header(
         &self,
-        limiter: &crate::RateLimiter,
+        limiter: &crate::limiter::RateLimiter,
         name: &str,
         value: &str,
     ) -> Result<String, Error> {
@@ -424,10 +435,10 @@ impl HttpOptions {
     /// in a key or a log.
     pub(crate) fn header_subject(&self, secret: &[u8], name: &str, value: Option<&[u8]>) -> String {
         let mut subject = String::with_capacity(name.len() + 42);
-        subject.push_str(":header:");
+        subject.push_str(keys::HEADER);
         subject.push_str(name);
         subject.push(':');
-        crate::keys::push_digest(&mut subject, secret, value.unwrap_or_default());
+        keys::push_digest(&mut subject, secret, value.unwrap_or_default());
         subject
     }
 
@@ -437,7 +448,9 @@ impl HttpOptions {
     pub(crate) fn ip_subject(&self, secret: &[u8], ip: Option<IpAddr>) -> Result<String, ()> {
         match ip {
             Some(ip) => Ok(self.subject_with(secret, ip)),
-            None if self.unknown_client == UnknownClient::Shared => Ok(":ip:unknown".to_owned()),
+            None if self.unknown_client == UnknownClient::Shared => {
+                Ok([keys::IP, "unknown"].concat())
+            }
             None => Err(()),
         }
     }

@@ -9,7 +9,9 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::backend::redis::{RoundTrip, round_trip};
-use crate::{Decision, Error, OnError, Rule};
+use crate::decision::Decision;
+use crate::error::{Error, OnError};
+use crate::rule::Rule;
 
 /// Consecutive failures that open the circuit.
 const FAILURES_TO_OPEN: u32 = 3;

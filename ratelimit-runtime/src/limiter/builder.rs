@@ -16,10 +16,10 @@ use crate::backend::redis::{
     ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, RedisBackend,
 };
 use crate::clock::Clock;
+use crate::error::{Error, OnError};
 use crate::secret::KeySecret;
 #[cfg(feature = "redis")]
 use crate::secret::{redact_url, redact_urls};
-use crate::{Error, OnError};
 
 /// Builds a [`RateLimiter`]: pick a backend, then [`build`](RateLimiterBuilder::build).
 ///
@@ -297,7 +297,7 @@ impl RateLimiterBuilder {
         if self.public_key_secret {
             return Ok(KeySecret::Public);
         }
-        let headers = crate::site::HEADER_SUBJECTS;
+        let headers = crate::keys::HEADER_SUBJECTS;
         if let Some(header) = headers.first() {
             return Err(Error::Config(format!(
                 "this program limits by a request header (`by = header({header:?})`), and its \

@@ -6,7 +6,7 @@ use std::sync::{PoisonError, RwLock};
 use once_cell::sync::OnceCell;
 
 use super::RateLimiter;
-use crate::Error;
+use crate::error::Error;
 
 static GLOBAL: OnceCell<RateLimiter> = OnceCell::new();
 /// Installed by name; never removed, so each lives as long as the process.

@@ -25,11 +25,13 @@ use crate::backend::memory::MemoryBackend;
 #[cfg(feature = "redis")]
 use crate::backend::redis::RedisBackend;
 use crate::clock::Clock;
+use crate::decision::{Charge, Decision};
+use crate::error::{Error, OnError};
+use crate::rule::Rule;
 use crate::secret::KeySecret;
-use crate::{Charge, Decision, Error, OnError, Rule};
 #[cfg(feature = "redis")]
 use breaker::{Breaker, CircuitOpen, OverLimitCache};
-use permit::Lease;
+use permit::HeldLease;
 
 /// A rate limiter: a backend to keep budgets in, and what to do when it fails.
 ///
@@ -98,7 +100,7 @@ impl Store {
     /// Gives a lease back at once when it was taken in process memory (the
     /// memory store, or the insurance limiter while Redis failed); `false`
     /// when the backend holds it.
-    fn release_in_process(&self, lease: &Lease) -> bool {
+    fn release_in_process(&self, lease: &HeldLease) -> bool {
         match self {
             Store::Memory(memory) => memory.release_now(&lease.key, lease.id),
             #[cfg(feature = "redis")]
@@ -111,7 +113,7 @@ impl Store {
     }
 
     /// Gives a lease back, where it was taken.
-    async fn release(&self, lease: &Lease) -> Result<(), Error> {
+    async fn release(&self, lease: &HeldLease) -> Result<(), Error> {
         if self.release_in_process(lease) {
             return Ok(());
         }
@@ -375,72 +377,6 @@ impl RateLimiter {
         }
     }
 
-    /// [`reset`](RateLimiter::reset) of the budget the rule named `name` keeps
-    /// for `subject`, without knowing how keys are built: `name` is a
-    /// `#[rate_limit]`'s `key` as written or a middleware's name, `subject`
-    /// what follows it in the key: `""` for a global rule, `"ip:1.2.3.4"`,
-    /// `"arg:user:bob"`, or for a header
-    /// [`HttpOptions::subject_of_header`](crate::HttpOptions::subject_of_header)
-    /// (header values are digests in keys). Every rule under that name is
-    /// reset. For a key with `{param}` placeholders, use `reset` with the
-    /// full key.
-    ///
-    /// ```
-    /// use ratelimit_runtime::{RateLimited, RateLimiter, rate_limit};
-    ///
-    /// #[rate_limit(key = "login", count = 1, period = 60, by = arg(user))]
-    /// async fn login(user: &str) -> Result<(), RateLimited> { Ok(()) }
-    ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), ratelimit_runtime::Error> {
-    /// login("ann").await.unwrap();
-    /// assert!(login("ann").await.is_err());
-    /// RateLimiter::global().reset_named("login", "arg:user:ann").await?;
-    /// assert!(login("ann").await.is_ok());
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Config`] if no rule has that name (the message lists them),
-    /// and as [`reset`](RateLimiter::reset).
-    pub async fn reset_named(&self, name: &str, subject: &str) -> Result<Decision, Error> {
-        let mut last = None;
-        for (rule, key) in named(name, subject)? {
-            last = Some(self.reset(&rule, &key).await?);
-        }
-        Ok(last.expect("named() finds at least one rule"))
-    }
-
-    /// [`peek`](RateLimiter::peek) by name and subject, as
-    /// [`reset_named`](RateLimiter::reset_named) addresses a budget (the
-    /// first rule of that name).
-    ///
-    /// # Errors
-    ///
-    /// As [`reset_named`](RateLimiter::reset_named).
-    pub async fn peek_named(&self, name: &str, subject: &str) -> Result<Decision, Error> {
-        let (rule, key) = named(name, subject)?.swap_remove(0);
-        self.peek(&rule, &key).await
-    }
-
-    /// [`refund`](RateLimiter::refund) by name and subject, as
-    /// [`reset_named`](RateLimiter::reset_named) addresses a budget (the
-    /// first rule of that name).
-    ///
-    /// # Errors
-    ///
-    /// As [`reset_named`](RateLimiter::reset_named) and
-    /// [`refund`](RateLimiter::refund).
-    pub async fn refund_named(
-        &self,
-        name: &str,
-        subject: &str,
-        charge: Charge,
-    ) -> Result<Decision, Error> {
-        let (rule, key) = named(name, subject)?.swap_remove(0);
-        self.refund(&rule, &key, charge).await
-    }
-
     /// [`acquire`](RateLimiter::acquire) under the failure policy `on_error`.
     ///
     /// In process memory the answer is decided here; a backend's call is
@@ -479,7 +415,7 @@ impl RateLimiter {
         local: bool,
     ) -> Permit {
         let lease = (holds_leases(rule) && decision.allowed).then(|| {
-            Box::new(Lease {
+            Box::new(HeldLease {
                 store: Arc::clone(&self.store),
                 rule: *rule,
                 key: key.into(),
@@ -579,31 +515,6 @@ impl RateLimiter {
         };
         Ok(self.permit(rule, key, cost, id, decision, held_by_insurance))
     }
-}
-
-/// The rules named `name` (as overrides make them now) and the key of
-/// `subject` under them.
-fn named(name: &str, subject: &str) -> Result<Vec<(Rule, String)>, Error> {
-    let rules = crate::overrides::rules_named(name);
-    if rules.is_empty() {
-        return Err(Error::Config(format!(
-            "no rate-limit rule is named {name:?}; the rules are {:?}",
-            crate::overrides::rule_names()
-        )));
-    }
-    let subject = subject.trim_start_matches(':');
-    let key = if subject.is_empty() {
-        format!("limiter:{name}")
-    } else {
-        format!("limiter:{name}:{subject}")
-    };
-    Ok(rules
-        .into_iter()
-        .map(|(rule, _)| {
-            let rule = crate::overrides::effective(name, &rule, false).map_or(rule, |(r, _)| r);
-            (rule, key.clone())
-        })
-        .collect())
 }
 
 /// One check in process memory, and the stamp of what it charged; for a

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use super::Store;
-use crate::{Charge, Decision, Error, Rule};
+use crate::decision::{Charge, Decision};
+use crate::error::Error;
+use crate::rule::Rule;
 
 /// What [`RateLimiter::acquire`](super::RateLimiter::acquire) answers: the decision, and for an allowed
 /// call of a `concurrency` rule, the lease it holds.
@@ -19,7 +21,7 @@ use crate::{Charge, Decision, Error, Rule};
 pub struct Permit {
     pub(super) decision: Decision,
     /// Boxed: only concurrency rules have one.
-    pub(super) lease: Option<Box<Lease>>,
+    pub(super) lease: Option<Box<HeldLease>>,
     /// What an allowed call of any other rule took.
     pub(super) charge: Option<Charge>,
     /// Answered by the in-process insurance limiter (the backend failed).
@@ -77,7 +79,7 @@ impl Permit {
 
 /// Units of a concurrency rule held by one call, and where to give them back.
 #[derive(Debug)]
-pub(super) struct Lease {
+pub(super) struct HeldLease {
     pub(super) store: Arc<Store>,
     pub(super) rule: Rule,
     pub(super) key: Box<str>,
@@ -89,7 +91,7 @@ pub(super) struct Lease {
     pub(super) released: bool,
 }
 
-impl Drop for Lease {
+impl Drop for HeldLease {
     fn drop(&mut self) {
         if self.released {
             return;
@@ -100,7 +102,7 @@ impl Drop for Lease {
         if !self.store.release_in_process(self)
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            let lease = Lease {
+            let lease = HeldLease {
                 store: Arc::clone(&self.store),
                 key: std::mem::take(&mut self.key),
                 released: true,

@@ -9,8 +9,10 @@ use std::sync::{Arc, MutexGuard};
 use super::{Backend, StoredKey};
 use crate::algorithm::{self, State};
 use crate::clock::{Clock, SystemClock};
+use crate::decision::{Charge, Decision};
+use crate::error::Error;
+use crate::rule::{Algorithm, Rule};
 use crate::site::LogGate;
-use crate::{Algorithm, Charge, Decision, Error, Rule};
 use shard::{Entry, Hasher, MAX_PER_SHARD, Overflow, Shard, ShardMap, Slot, key_hash};
 
 /// How many independently locked shards the keys are spread over, so tasks on
@@ -432,8 +434,8 @@ mod tests {
 
     use super::shard::{CREDIT_PER_CALL, MIN_SWEEP_LEN};
     use super::*;
-    use crate::ManualClock;
     use crate::backend::INLINE_KEY;
+    use crate::clock::ManualClock;
 
     fn rule(count: u64, period_ms: u64) -> Rule {
         Rule::fixed_window(count, Duration::from_millis(period_ms))

@@ -7,9 +7,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use hashbrown::HashTable;
 
-use crate::Rule;
 use crate::algorithm::{self, State};
 use crate::backend::StoredKey;
+use crate::rule::Rule;
 
 /// A shard sweeps out expired keys when it grows past this many (and then
 /// past twice what survived the last sweep), so memory follows the live keys

@@ -17,9 +17,9 @@ use super::give_back::{self, Delivered, Settled};
 use super::nodes;
 use super::scripts::Scripts;
 use super::{Expired, RedisBackend, Stopped, TimedOut};
-use crate::Error;
 use crate::algorithm::Outcome;
 use crate::backend::StoredKey;
+use crate::error::Error;
 
 /// The most checks one batch carries (a batch holds the server for its
 /// whole run: about a microsecond or two per check).
@@ -690,7 +690,7 @@ impl std::error::Error for Shared {
 mod tests {
     use super::super::codec::Clock;
     use super::*;
-    use crate::{Algorithm, Rule};
+    use crate::rule::{Algorithm, Rule};
 
     fn jobs(keys: &[&str]) -> Vec<Job> {
         let rule = Rule::new(Algorithm::FixedWindow, 10, Duration::from_secs(1));

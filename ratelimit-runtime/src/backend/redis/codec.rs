@@ -57,7 +57,8 @@
 use redis::Cmd;
 
 use crate::algorithm::{Outcome, REGISTRY, spec};
-use crate::{Algorithm, Error, Rule};
+use crate::error::Error;
+use crate::rule::{Algorithm, Rule};
 
 /// What a job asks of the batch script.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

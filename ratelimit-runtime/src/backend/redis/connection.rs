@@ -20,7 +20,7 @@ use redis::{
 use super::nodes::SlotMap;
 use super::scripts::{Library, Scripts};
 use super::within;
-use crate::Error;
+use crate::error::Error;
 
 /// What is told of a key whose units were given back.
 pub(crate) type GivenBack = Box<dyn Fn(&str) + Send + Sync>;

@@ -24,9 +24,11 @@ use tokio::time::Instant;
 
 use super::Backend;
 use crate::algorithm::{self, spec};
+use crate::decision::{Charge, Decision};
+use crate::error::Error;
+use crate::rule::Rule;
 pub use crate::secret::redact_url;
 use crate::secret::redact_urls;
-use crate::{Charge, Decision, Error, Rule};
 use batch::{Answer, Batching, Job, Ran, answered, send_batch};
 use codec::{Call, Clock, Op};
 use connection::{Busy, Conn, Target};
