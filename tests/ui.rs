@@ -22,6 +22,9 @@ fn ui() {
         .args(["--exact", "ui", "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
         .env("RUST_BACKTRACE", "0")
+        // trybuild's own project takes no `[profile]` from the workspace:
+        // without debug info its six linked cases take a third of the disk.
+        .env("CARGO_PROFILE_DEV_DEBUG", "false")
         .output()
         .expect("the UI test runs itself");
     let stdout = String::from_utf8_lossy(&output.stdout);
