@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use ratelimit_runtime::backend::redis::RedisBackend;
+use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Algorithm, Backend, ManualClock, OnError, RateLimiter, Rule};
 use ratelimit_test_support::{Proxy, RedisServer, first_ok};
 
@@ -22,9 +22,16 @@ const HELD: Duration = Duration::from_millis(1800);
 /// first call (the connection, the library, the server's time).
 async fn through(proxy: &Proxy, timeout: Duration) -> RedisBackend {
     let url = format!("redis://127.0.0.1:{}/", proxy.port());
-    let redis = RedisBackend::connect_with(&url, timeout, Duration::from_secs(2))
-        .await
-        .unwrap();
+    let redis = RedisBackend::connect(
+        &url,
+        ConnectOptions {
+            timeout: timeout,
+            connect_timeout: Duration::from_secs(2),
+            ..ConnectOptions::default()
+        },
+    )
+    .await
+    .unwrap();
     let warm = Rule::fixed_window(10, Duration::from_secs(60));
     assert!(redis.check(&warm, "limiter:warm", 1).await.unwrap().allowed);
     redis
@@ -32,10 +39,13 @@ async fn through(proxy: &Proxy, timeout: Duration) -> RedisBackend {
 
 /// Another instance, straight to the server.
 async fn direct(server: &RedisServer) -> RedisBackend {
-    RedisBackend::connect_with(
+    RedisBackend::connect(
         &server.url(),
-        Duration::from_secs(2),
-        Duration::from_secs(2),
+        ConnectOptions {
+            timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(2),
+            ..ConnectOptions::default()
+        },
     )
     .await
     .unwrap()

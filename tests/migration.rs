@@ -17,7 +17,7 @@ async fn cluster_backend(cluster: &RedisCluster) -> RedisBackend {
         timeout: Duration::from_secs(2),
         ..ConnectOptions::default()
     };
-    RedisBackend::open_cluster(&cluster.urls(), options)
+    RedisBackend::connect(cluster.urls(), options)
         .await
         .expect("connecting to the test cluster")
 }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::codec::{self, Call, Clock, Op};
 use super::connection::{
-    Busy, Conn, Target, call_script, functions_refused, not_run, not_sent, script_call,
+    Busy, Conn, Endpoint, call_script, functions_refused, not_run, not_sent, script_call,
 };
 use super::give_back::{self, Delivered, Settled};
 use super::nodes;
@@ -268,7 +268,7 @@ pub(super) async fn run_batches(
 /// single server; on a cluster, one group per master by the slot map, or
 /// each alone where no map is known (see [`nodes`]).
 pub(super) fn by_call(jobs: Vec<Job>, conn: &Conn) -> Vec<Vec<Job>> {
-    if !matches!(conn.target, Target::Cluster(_)) {
+    if !matches!(conn.endpoint, Endpoint::Cluster(_)) {
         return vec![jobs];
     }
     match conn.slot_map() {
@@ -359,7 +359,7 @@ pub(super) async fn send_batch(
             // Several calls on a cluster: keys of several slots, which one
             // master serves (see `by_call`), go as arguments of the
             // library's `node` function, sent to the master of the first.
-            let spread = matches!(conn.target, Target::Cluster(_)) && wire.len() > 1;
+            let spread = matches!(conn.endpoint, Endpoint::Cluster(_)) && wire.len() > 1;
             let call = |function: bool| {
                 if function && let [(key, call)] = &wire[..] {
                     // Alone: the library's leaner function for one call.

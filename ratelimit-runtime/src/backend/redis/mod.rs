@@ -11,6 +11,7 @@ mod connection;
 mod give_back;
 mod nodes;
 mod scripts;
+mod target;
 mod tls;
 
 use std::fmt;
@@ -28,11 +29,11 @@ use crate::decision::{Charge, Decision};
 use crate::error::Error;
 use crate::rule::Rule;
 pub use crate::secret::redact_url;
-use crate::secret::redact_urls;
 use batch::{Answer, Batching, Job, Ran, answered, send_batch};
 use codec::{Call, Clock, Op};
-use connection::{Busy, Conn, Target};
+use connection::{Busy, Conn, Endpoint};
 use scripts::Scripts;
+pub use target::RedisTarget;
 
 /// How long one check may wait for Redis before it counts as failed.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -78,7 +79,7 @@ pub struct RedisBackend {
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("redis", &self.conn.target.describe())
+            .field("redis", &self.conn.endpoint.describe())
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
@@ -125,199 +126,36 @@ impl Default for ConnectOptions {
 }
 
 impl RedisBackend {
-    /// Connects to the Redis server at `url` (`redis://host:port/db`) with the
-    /// default timeouts, and loads the scripts.
-    pub async fn connect(url: &str) -> Result<RedisBackend, Error> {
-        RedisBackend::connect_with(url, DEFAULT_TIMEOUT, DEFAULT_CONNECT_TIMEOUT).await
-    }
-
-    /// Connects with a per-check `timeout` and a `connect_timeout`, and loads
-    /// the scripts.
-    pub async fn connect_with(
-        url: &str,
-        timeout: Duration,
-        connect_timeout: Duration,
-    ) -> Result<RedisBackend, Error> {
-        RedisBackend::open(
-            url,
-            ConnectOptions {
-                timeout,
-                connect_timeout,
-                ..ConnectOptions::default()
-            },
-        )
-        .await
-    }
-
-    /// Connects to one Redis server.
+    /// Connects to `target` (a URL, a list of cluster nodes' URLs,
+    /// [`RedisTarget::sentinel`], or a client or connection of your own:
+    /// see [`RedisTarget`]) and loads the scripts.
+    ///
+    /// ```no_run
+    /// use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
+    /// # async fn start() -> Result<(), ratelimit_runtime::Error> {
+    /// let redis = RedisBackend::connect("redis://127.0.0.1:6379", ConnectOptions::default()).await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for a malformed URL; [`Error::Backend`] if Redis
-    /// cannot be reached within the connect timeout (unless `lazy`).
-    pub async fn open(url: &str, options: ConnectOptions) -> Result<RedisBackend, Error> {
-        tls::install_provider();
-        let client = redis::Client::open(url)
-            .map_err(|e| Error::Config(format!("bad Redis URL {:?}: {e}", redact_url(url))))?;
-        RedisBackend::start(Target::Single(client), options).await
-    }
-
-    /// Connects to one Redis server over TLS (`rediss://` URL) that presents
-    /// a certificate of the authority `root_pem` (PEM) rather than one of
-    /// the system's (feature `tls`).
-    ///
-    /// # Errors
-    ///
-    /// As [`open`](RedisBackend::open).
-    #[cfg(feature = "tls")]
-    pub async fn open_tls(
-        url: &str,
-        root_pem: &[u8],
+    /// [`Error::Config`] for a malformed URL (its password left out of the
+    /// message) or refused credentials; [`Error::Backend`] if Redis cannot
+    /// be reached (or the scripts loaded) within the connect timeout, unless
+    /// `lazy`.
+    pub async fn connect(
+        target: impl Into<RedisTarget>,
         options: ConnectOptions,
     ) -> Result<RedisBackend, Error> {
-        tls::install_provider();
-        let client =
-            redis::Client::build_with_tls(url, tls::certificates(root_pem)).map_err(|e| {
-                Error::Config(format!(
-                    "bad Redis URL or certificate {:?}: {e}",
-                    redact_url(url)
-                ))
-            })?;
-        RedisBackend::start(Target::Single(client), options).await
+        let endpoint = target.into().endpoint(&options)?;
+        RedisBackend::start(endpoint, options).await
     }
 
-    /// Uses a client you configured (TLS, authentication, timeouts of its
-    /// own): the limiter makes its connection from it.
-    ///
-    /// # Errors
-    ///
-    /// As [`open`](RedisBackend::open).
-    pub async fn from_client(
-        client: redis::Client,
-        options: ConnectOptions,
-    ) -> Result<RedisBackend, Error> {
-        tls::install_provider();
-        RedisBackend::start(Target::Single(client), options).await
-    }
-
-    /// Uses a connection manager you made: the limiter sends its calls on
-    /// it (and on its clones), and it reconnects as you configured it.
-    ///
-    /// # Errors
-    ///
-    /// As [`open`](RedisBackend::open).
-    pub async fn from_connection_manager(
-        manager: redis::aio::ConnectionManager,
-        options: ConnectOptions,
-    ) -> Result<RedisBackend, Error> {
-        RedisBackend::start(Target::Manager(manager), options).await
-    }
-
-    /// Uses a Redis Cluster client you configured. Build it with
-    /// `.retries(0)`: with retries, the client sends a request again when
-    /// its connection drops, also a script call a node already ran (the
-    /// limiter then counts that check twice). [`open_cluster`](Self::open_cluster)
-    /// does so.
-    ///
-    /// # Errors
-    ///
-    /// As [`open`](RedisBackend::open).
-    pub async fn from_cluster_client(
-        client: ClusterClient,
-        options: ConnectOptions,
-    ) -> Result<RedisBackend, Error> {
-        tls::install_provider();
-        RedisBackend::start(Target::Cluster(Box::new(client)), options).await
-    }
-
-    /// Connects to the master that the Sentinels at `sentinels`
-    /// (`redis://host:26379`) name for `master_name`, and follows it: when
-    /// its connection fails, the Sentinels are asked again, so after a
-    /// failover the limiter goes on with the promoted replica (feature
-    /// `sentinel`). Replication is asynchronous: what the old master counted
-    /// last, before the replica had it, is lost with it.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Config`] for malformed URLs; as [`open`](RedisBackend::open)
-    /// otherwise.
-    #[cfg(feature = "sentinel")]
-    pub async fn open_sentinel(
-        master_name: &str,
-        sentinels: &[String],
-        options: ConnectOptions,
-    ) -> Result<RedisBackend, Error> {
-        use redis::sentinel::{SentinelClient, SentinelServerType};
-        // A `String` without TLS, `impl AsRef<str>` with it.
-        #[allow(clippy::unnecessary_to_owned)]
-        let client = SentinelClient::build(
-            sentinels.iter().map(String::as_str).collect(),
-            master_name.to_owned(),
-            None,
-            SentinelServerType::Master,
-        )
-        .map_err(|e| {
-            Error::Config(format!(
-                "bad Sentinel URLs {:?}: {e}",
-                redact_urls(sentinels)
-            ))
-        })?;
-        let client = Arc::new(tokio::sync::Mutex::new(client));
-        let resolve: connection::Resolve = Box::new(move || {
-            let client = Arc::clone(&client);
-            Box::pin(async move { client.lock().await.async_get_client().await })
-        });
-        RedisBackend::start(Target::Sentinel(resolve), options).await
-    }
-
-    /// Connects to a Redis Cluster through any of its nodes (`urls`).
-    ///
-    /// # Errors
-    ///
-    /// As [`open`](RedisBackend::open).
-    pub async fn open_cluster(
-        urls: &[String],
-        options: ConnectOptions,
-    ) -> Result<RedisBackend, Error> {
-        tls::install_provider();
-        let client = cluster_builder(urls, options).build().map_err(|e| {
-            Error::Config(format!(
-                "bad Redis Cluster URLs {:?}: {e}",
-                redact_urls(urls)
-            ))
-        })?;
-        RedisBackend::start(Target::Cluster(Box::new(client)), options).await
-    }
-
-    /// [`open_cluster`](Self::open_cluster) over TLS (`rediss://` URLs),
-    /// trusting the authority `root_pem` (feature `tls`).
-    ///
-    /// # Errors
-    ///
-    /// As [`open`](RedisBackend::open).
-    #[cfg(feature = "tls")]
-    pub async fn open_cluster_tls(
-        urls: &[String],
-        root_pem: &[u8],
-        options: ConnectOptions,
-    ) -> Result<RedisBackend, Error> {
-        let client = cluster_builder(urls, options)
-            .certs(tls::certificates(root_pem))
-            .build()
-            .map_err(|e| {
-                Error::Config(format!(
-                    "bad Redis Cluster URLs {:?}: {e}",
-                    redact_urls(urls)
-                ))
-            })?;
-        RedisBackend::start(Target::Cluster(Box::new(client)), options).await
-    }
-
-    async fn start(target: Target, options: ConnectOptions) -> Result<RedisBackend, Error> {
+    async fn start(endpoint: Endpoint, options: ConnectOptions) -> Result<RedisBackend, Error> {
         let coalesce = options.coalesce;
         let mut backend = RedisBackend {
             conn: Arc::new(Conn {
-                target,
+                endpoint,
                 live: std::sync::RwLock::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 finishing: AtomicBool::new(false),
@@ -617,7 +455,7 @@ impl Drop for Unfinished {
 /// client sends a request again when its connection drops, also a script
 /// call the node already ran (a check counted twice). `Live::query` sends
 /// again only what a node answered it did not run.
-fn cluster_builder(
+pub(super) fn cluster_builder(
     urls: &[String],
     options: ConnectOptions,
 ) -> redis::cluster::ClusterClientBuilder {
