@@ -7,6 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Subject, count_pass_then_refused_then_budget_returns, same_decisions};
+use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Algorithm, Backend, OnError, RateLimiter, Rule};
 use ratelimit_test_support::{RedisCluster, first_ok};

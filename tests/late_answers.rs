@@ -10,6 +10,7 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Algorithm, Backend, ManualClock, OnError, RateLimiter, Rule};
 use ratelimit_test_support::{Proxy, RedisServer, first_ok};

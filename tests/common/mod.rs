@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::memory::MemoryBackend;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{

@@ -9,6 +9,8 @@ mod batch;
 mod codec;
 mod connection;
 mod give_back;
+#[cfg(feature = "testing")]
+pub(crate) mod hooks;
 mod nodes;
 mod scripts;
 mod target;
@@ -29,8 +31,8 @@ use crate::decision::{Charge, Decision};
 use crate::error::Error;
 use crate::rule::Rule;
 pub use crate::secret::redact_url;
-use batch::{Answer, Batching, Job, Ran, answered, send_batch};
-use codec::{Call, Clock, Op};
+use batch::{AnswerRx, Batching, Job, Ran, answered, send_batch};
+use codec::{Call, Op, TimeSource};
 use connection::{Busy, Conn, Endpoint};
 use scripts::Scripts;
 pub use target::RedisTarget;
@@ -250,7 +252,7 @@ impl RedisBackend {
         rule: &Rule,
         key: &str,
         cost: u64,
-        clock: Clock,
+        clock: TimeSource,
         lease: Option<u64>,
     ) -> Result<(Decision, Option<u64>), Error> {
         let call = Call::new(Op::Check(rule.algorithm()), rule, cost, clock, lease);
@@ -268,7 +270,7 @@ impl RedisBackend {
         key: &str,
         cost: u64,
     ) -> Result<(Decision, Option<u64>), Error> {
-        self.eval(rule, key, cost, Clock::Server, None).await
+        self.eval(rule, key, cost, TimeSource::Server, None).await
     }
 
     /// A peek, refund (`id`: the stamp of the charge) or reset on `clock`.
@@ -278,7 +280,7 @@ impl RedisBackend {
         rule: &Rule,
         key: &str,
         units: u64,
-        clock: Clock,
+        clock: TimeSource,
         id: Option<u64>,
     ) -> Result<Decision, Error> {
         if matches!(op, Op::Refund(_)) && spec(rule.algorithm()).refund.is_none() {
@@ -295,7 +297,7 @@ impl RedisBackend {
         rule: &Rule,
         key: &str,
         charge: &Charge,
-        clock: Clock,
+        clock: TimeSource,
     ) -> Result<Decision, Error> {
         let op = match charge.stamp() {
             Some(_) => Op::Refund(rule.algorithm()),
@@ -312,35 +314,6 @@ impl RedisBackend {
         let _ = self.conn.given_back.set(given_back);
     }
 
-    /// [`Backend::peek`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
-    #[doc(hidden)]
-    pub async fn peek_at(&self, rule: &Rule, key: &str, now: Duration) -> Result<Decision, Error> {
-        let op = Op::Peek(rule.algorithm());
-        self.look(op, rule, key, 1, Clock::Fixed(micros(now)), None)
-            .await
-    }
-
-    /// [`Backend::refund`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
-    #[doc(hidden)]
-    pub async fn refund_at(
-        &self,
-        rule: &Rule,
-        key: &str,
-        charge: &Charge,
-        now: Duration,
-    ) -> Result<Decision, Error> {
-        self.refund_on(rule, key, charge, Clock::Fixed(micros(now)))
-            .await
-    }
-
-    /// [`Backend::reset`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
-    #[doc(hidden)]
-    pub async fn reset_at(&self, rule: &Rule, key: &str, now: Duration) -> Result<Decision, Error> {
-        let op = Op::Reset(rule.algorithm());
-        self.look(op, rule, key, 1, Clock::Fixed(micros(now)), None)
-            .await
-    }
-
     /// The batching, if this call should join the next batch: when
     /// coalescing and a script call is already on its way.
     fn queue_for_now(&self) -> Option<&Batching> {
@@ -352,21 +325,12 @@ impl RedisBackend {
         }
     }
 
-    /// Every check joins a batch, even when nothing is on its way (for
-    /// tests of the batch script; without it, checks made one after another
-    /// each go alone).
-    #[doc(hidden)]
-    pub fn batch_every_check(mut self) -> RedisBackend {
-        self.always_queue = true;
-        self
-    }
-
     /// Queues a check (or release) for the next batch and waits for its
     /// answer, within the deadline.
     async fn queued(
         &self,
         batching: &Batching,
-        (job, answer): (Job, Answer),
+        (job, answer): (Job, AnswerRx),
     ) -> Result<Ran, Error> {
         if !batching.ensure_running(self) || batching.queue.send(job).is_err() {
             return Err(Error::backend(Stopped));
@@ -386,54 +350,6 @@ impl RedisBackend {
         // and runs only while that runtime is driven (a limiter built on one
         // and used elsewhere): this check keeps a timer of its own.
         within(self.timeout, answered(answer)).await
-    }
-
-    /// Runs a check as if the server's clock read `now` (time since the Unix
-    /// epoch). For tests that hold the Redis and the memory backend side by
-    /// side; keys written this way get an hour's extra TTL, since their
-    /// times are not the server's.
-    #[doc(hidden)]
-    pub async fn check_at(
-        &self,
-        rule: &Rule,
-        key: &str,
-        cost: u64,
-        now: Duration,
-    ) -> Result<Decision, Error> {
-        Ok(self.charge_at(rule, key, cost, now).await?.0)
-    }
-
-    /// [`check_at`](Self::check_at), with what an allowed check charged (as
-    /// [`MemoryBackend::charge_now`](crate::backend::memory::MemoryBackend::charge_now)).
-    #[doc(hidden)]
-    pub async fn charge_at(
-        &self,
-        rule: &Rule,
-        key: &str,
-        cost: u64,
-        now: Duration,
-    ) -> Result<(Decision, Option<Charge>), Error> {
-        let (decision, stamp) = self
-            .eval(rule, key, cost, Clock::Fixed(micros(now)), None)
-            .await?;
-        let charge = decision.allowed.then(|| Charge::new(cost, stamp, false));
-        Ok((decision, charge))
-    }
-
-    /// [`Backend::acquire`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
-    #[doc(hidden)]
-    pub async fn acquire_at(
-        &self,
-        rule: &Rule,
-        key: &str,
-        cost: u64,
-        lease: u64,
-        now: Duration,
-    ) -> Result<Decision, Error> {
-        Ok(self
-            .eval(rule, key, cost, Clock::Fixed(micros(now)), Some(lease))
-            .await?
-            .0)
     }
 }
 
@@ -465,13 +381,12 @@ pub(super) fn cluster_builder(
         .retries(0)
 }
 
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
 impl Backend for RedisBackend {
     async fn check(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
-        Ok(self.eval(rule, key, cost, Clock::Server, None).await?.0)
+        Ok(self
+            .eval(rule, key, cost, TimeSource::Server, None)
+            .await?
+            .0)
     }
 
     async fn acquire(
@@ -482,28 +397,28 @@ impl Backend for RedisBackend {
         lease: u64,
     ) -> Result<Decision, Error> {
         Ok(self
-            .eval(rule, key, cost, Clock::Server, Some(lease))
+            .eval(rule, key, cost, TimeSource::Server, Some(lease))
             .await?
             .0)
     }
 
     async fn release(&self, rule: &Rule, key: &str, cost: u64, lease: u64) -> Result<(), Error> {
-        let call = Call::new(Op::Release, rule, cost, Clock::Server, Some(lease));
+        let call = Call::new(Op::Release, rule, cost, TimeSource::Server, Some(lease));
         self.run(key, call).await.map(drop)
     }
 
     async fn peek(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
         let op = Op::Peek(rule.algorithm());
-        self.look(op, rule, key, 1, Clock::Server, None).await
+        self.look(op, rule, key, 1, TimeSource::Server, None).await
     }
 
     async fn refund(&self, rule: &Rule, key: &str, charge: Charge) -> Result<Decision, Error> {
-        self.refund_on(rule, key, &charge, Clock::Server).await
+        self.refund_on(rule, key, &charge, TimeSource::Server).await
     }
 
     async fn reset(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
         let op = Op::Reset(rule.algorithm());
-        self.look(op, rule, key, 1, Clock::Server, None).await
+        self.look(op, rule, key, 1, TimeSource::Server, None).await
     }
 }
 
