@@ -173,8 +173,8 @@ async fn a_client_connection_manager_or_cluster_client_of_your_own() {
     counts(&from_cluster, "limiter:own-cluster").await;
 }
 
-/// Every spelling of a list of a cluster's nodes (an array of `&str`, a
-/// slice of `String`s, a `Vec`) reaches the cluster, and one URL (`&str`,
+/// Every spelling of a list of a cluster's nodes (an array, a slice, a
+/// `Vec`, references to them) reaches the cluster, and one URL (`&str`,
 /// `&String`) one server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_spelling_of_a_url_or_a_node_list_connects() {
@@ -188,6 +188,14 @@ async fn every_spelling_of_a_url_or_a_node_list_connects() {
     counts(&array, "limiter:nodes-array").await;
     let slice = builder().redis(&urls[..]).build().await.unwrap();
     counts(&slice, "limiter:nodes-slice").await;
+    let vec_ref = builder().redis(&urls).build().await.unwrap();
+    counts(&vec_ref, "limiter:nodes-vec-ref").await;
+    let array_ref = builder()
+        .redis(&[urls[1].clone(), urls[2].clone()])
+        .build()
+        .await
+        .unwrap();
+    counts(&array_ref, "limiter:nodes-array-ref").await;
     let options = ConnectOptions {
         timeout: Duration::from_secs(2),
         ..ConnectOptions::default()
@@ -198,6 +206,8 @@ async fn every_spelling_of_a_url_or_a_node_list_connects() {
     for key in [
         "limiter:nodes-array",
         "limiter:nodes-slice",
+        "limiter:nodes-vec-ref",
+        "limiter:nodes-array-ref",
         "limiter:nodes-vec",
     ] {
         assert_eq!(cluster.keys_with_pttl(key).len(), 1, "{key} in the cluster");

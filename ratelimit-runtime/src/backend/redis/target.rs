@@ -20,7 +20,7 @@ use crate::secret::{redact_url, redact_urls};
 /// | You give | The limiter uses |
 /// |---|---|
 /// | a URL (`&str`, `String`): `"redis://user:pass@host:6379/0"`, `rediss://` for TLS | that server |
-/// | a list of URLs (array, slice or `Vec`): `["redis://a:7000", "redis://b:7001"]` | the Redis Cluster those nodes belong to |
+/// | a list of URLs (array, slice or `Vec`, or a reference to one): `["redis://a:7000", "redis://b:7001"]` | the Redis Cluster those nodes belong to |
 /// | [`RedisTarget::sentinel`]`("mymaster", ["redis://s1:26379", ..])` | the master the Sentinels name, followed through failovers (feature `sentinel`) |
 /// | a [`redis::Client`] | the server it connects to (a connection made from it) |
 /// | a [`redis::aio::ConnectionManager`] | that connection (it reconnects as you configured it) |
@@ -292,6 +292,20 @@ impl<S: AsRef<str>> From<Vec<S>> for RedisTarget {
 }
 
 /// A Redis Cluster, through any of these nodes.
+impl<S: AsRef<str>> From<&Vec<S>> for RedisTarget {
+    fn from(nodes: &Vec<S>) -> RedisTarget {
+        RedisTarget::new(TargetKind::Cluster(urls(nodes)))
+    }
+}
+
+/// A Redis Cluster, through any of these nodes.
+impl<S: AsRef<str>, const N: usize> From<&[S; N]> for RedisTarget {
+    fn from(nodes: &[S; N]) -> RedisTarget {
+        RedisTarget::new(TargetKind::Cluster(urls(nodes)))
+    }
+}
+
+/// A Redis Cluster, through any of these nodes.
 impl<S: AsRef<str>> From<&[S]> for RedisTarget {
     fn from(nodes: &[S]) -> RedisTarget {
         RedisTarget::new(TargetKind::Cluster(urls(nodes)))
@@ -361,6 +375,8 @@ mod tests {
         assert!(cluster(array));
         let nodes = vec!["redis://a:7000".to_owned()];
         assert!(cluster(RedisTarget::from(&nodes[..])));
+        assert!(cluster(RedisTarget::from(&nodes)));
+        assert!(cluster(RedisTarget::from(&["redis://a:7000"])));
         assert!(cluster(RedisTarget::from(nodes)));
         assert!(cluster(RedisTarget::from(&["redis://a:7000"][..])));
     }
