@@ -26,7 +26,7 @@ async fn through(proxy: &Proxy, timeout: Duration) -> RedisBackend {
     let redis = RedisBackend::connect(
         &url,
         ConnectOptions {
-            timeout: timeout,
+            timeout,
             connect_timeout: Duration::from_secs(2),
             ..ConnectOptions::default()
         },
