@@ -10,6 +10,7 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Algorithm, Backend, ManualClock, OnError, RateLimiter, Rule};
 use ratelimit_test_support::{Proxy, RedisCluster, RedisServer, first_ok};
@@ -22,9 +23,16 @@ const HELD: Duration = Duration::from_millis(1800);
 /// first call (the connection, the library, the server's time).
 async fn through(proxy: &Proxy, timeout: Duration) -> RedisBackend {
     let url = format!("redis://127.0.0.1:{}/", proxy.port());
-    let redis = RedisBackend::connect_with(&url, timeout, Duration::from_secs(2))
-        .await
-        .unwrap();
+    let redis = RedisBackend::connect(
+        &url,
+        ConnectOptions {
+            timeout,
+            connect_timeout: Duration::from_secs(2),
+            ..ConnectOptions::default()
+        },
+    )
+    .await
+    .unwrap();
     let warm = Rule::fixed_window(10, Duration::from_secs(60));
     assert!(redis.check(&warm, "limiter:warm", 1).await.unwrap().allowed);
     redis
@@ -32,10 +40,13 @@ async fn through(proxy: &Proxy, timeout: Duration) -> RedisBackend {
 
 /// Another instance, straight to the server.
 async fn direct(server: &RedisServer) -> RedisBackend {
-    RedisBackend::connect_with(
+    RedisBackend::connect(
         &server.url(),
-        Duration::from_secs(2),
-        Duration::from_secs(2),
+        ConnectOptions {
+            timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(2),
+            ..ConnectOptions::default()
+        },
     )
     .await
     .unwrap()
@@ -310,8 +321,8 @@ async fn what_redis_granted_a_caller_that_left_is_given_back_on_a_cluster() {
     let master = cluster.master_for("limiter:{left}:warm");
     let proxy = Proxy::start(master);
     cluster.announce(master, proxy.port());
-    let other = RedisBackend::open_cluster(
-        &cluster.urls(),
+    let other = RedisBackend::connect(
+        cluster.urls(),
         ConnectOptions {
             timeout: Duration::from_secs(2),
             ..ConnectOptions::default()
@@ -321,7 +332,7 @@ async fn what_redis_granted_a_caller_that_left_is_given_back_on_a_cluster() {
     .unwrap();
     let mut held = Vec::new();
     for rule in left_rules() {
-        let builder = RateLimiter::builder().redis_cluster(cluster.urls());
+        let builder = RateLimiter::builder().redis(cluster.urls());
         let limiter = idle_limiter(builder, "limiter:{left}:warm").await;
         // The same slot as the warm key's (its hash tag).
         let key = format!("limiter:{{left}}:{:?}", rule.algorithm());

@@ -160,6 +160,14 @@ pub mod __private {
     }
 }
 
+/// Hooks for this repository's tests (feature `testing`). Not a public API:
+/// it may change in any release without notice.
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod __testing {
+    pub use crate::backend::redis::hooks::RedisTestHooks;
+}
+
 /// A key made at compile time of constant parts (`&'static str`s), for
 /// `#[rate_limit]`'s expansion: one `&'static str`.
 #[doc(hidden)]

@@ -17,12 +17,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::http::flow::{Admission, LimitedRequest};
-use crate::http::limit::{Limit, Sites, Subject, limit_builder};
+use crate::http::limit::{KeyFn, Limit, Sites, Subject, limit_builder};
 use crate::http::{Headers, HttpOptions, Refusal, Tiers, append};
 use crate::limiter::RateLimiter;
-
-/// A closure that names a request's budget.
-type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
 /// Rate limiting for every request a tower service handles.
 ///
@@ -58,7 +55,7 @@ type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 /// the failure policy and metrics apply alike.
 #[derive(Clone)]
 pub struct RateLimitLayer {
-    inner: Arc<Limit<KeyFn>>,
+    inner: Arc<Limit<KeyFn<Parts>>>,
     limiter: Option<RateLimiter>,
     options: Option<Arc<HttpOptions>>,
     peer: Option<PeerFn>,
@@ -67,10 +64,10 @@ pub struct RateLimitLayer {
 /// A closure that reads a request's peer address.
 type PeerFn = Arc<dyn Fn(&Parts) -> Option<IpAddr> + Send + Sync>;
 
-limit_builder!(RateLimitLayer);
+limit_builder!(RateLimitLayer, Parts);
 
 impl RateLimitLayer {
-    fn from_limit(inner: Arc<Limit<KeyFn>>) -> Self {
+    fn from_limit(inner: Arc<Limit<KeyFn<Parts>>>) -> Self {
         RateLimitLayer {
             inner,
             limiter: None,
@@ -222,7 +219,7 @@ struct TowerRequest<'a> {
     peer: Option<&'a PeerFn>,
 }
 
-impl LimitedRequest<KeyFn> for TowerRequest<'_> {
+impl LimitedRequest<KeyFn<Parts>> for TowerRequest<'_> {
     fn path(&self) -> &str {
         self.parts.uri.path()
     }
@@ -242,7 +239,7 @@ impl LimitedRequest<KeyFn> for TowerRequest<'_> {
         options.client_ip(peer, &self.parts.headers)
     }
 
-    fn run(&self, closure: &KeyFn) -> Option<String> {
+    fn run(&self, closure: &KeyFn<Parts>) -> Option<String> {
         closure(self.parts)
     }
 }

@@ -11,11 +11,8 @@ use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forwar
 
 use super::{append, client_ip, limiter_for, options_for, response};
 use crate::http::flow::{Admission, LimitedRequest};
-use crate::http::limit::{Limit, Sites, Subject, limit_builder};
+use crate::http::limit::{KeyFn, Limit, Sites, Subject, limit_builder};
 use crate::http::{Headers, HttpOptions, Tiers};
-
-/// A closure that names a request's budget.
-type KeyFn = Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + Sync>;
 
 /// Rate limiting for a whole app, scope or resource, with the same rules and
 /// limiter as `#[rate_limit]`.
@@ -38,13 +35,13 @@ type KeyFn = Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + Sync>;
 /// the failure policy and metrics apply alike.
 #[derive(Clone)]
 pub struct RateLimit {
-    inner: Arc<Limit<KeyFn>>,
+    inner: Arc<Limit<KeyFn<ServiceRequest>>>,
 }
 
-limit_builder!(RateLimit);
+limit_builder!(RateLimit, ServiceRequest);
 
 impl RateLimit {
-    fn from_limit(inner: Arc<Limit<KeyFn>>) -> Self {
+    fn from_limit(inner: Arc<Limit<KeyFn<ServiceRequest>>>) -> Self {
         RateLimit { inner }
     }
 
@@ -101,7 +98,7 @@ where
 pub struct RateLimitService<S> {
     service: Rc<S>,
     sites: Arc<Sites>,
-    config: Arc<Limit<KeyFn>>,
+    config: Arc<Limit<KeyFn<ServiceRequest>>>,
 }
 
 impl<S> std::fmt::Debug for RateLimitService<S> {
@@ -145,7 +142,7 @@ where
 }
 
 /// An actix-web request, as the middleware flow reads it.
-impl LimitedRequest<KeyFn> for ServiceRequest {
+impl LimitedRequest<KeyFn<ServiceRequest>> for ServiceRequest {
     fn path(&self) -> &str {
         ServiceRequest::path(self)
     }
@@ -158,7 +155,7 @@ impl LimitedRequest<KeyFn> for ServiceRequest {
         client_ip(options, self.request())
     }
 
-    fn run(&self, closure: &KeyFn) -> Option<String> {
+    fn run(&self, closure: &KeyFn<ServiceRequest>) -> Option<String> {
         closure(self)
     }
 }

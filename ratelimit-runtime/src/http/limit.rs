@@ -14,6 +14,10 @@ use crate::limiter::RateLimiter;
 use crate::rule::Rule;
 use crate::site::Site;
 
+/// A middleware's `by_key` closure over the framework's request `R`: the
+/// subject a request charges, `None` for a request it cannot name.
+pub(crate) type KeyFn<R> = Arc<dyn Fn(&R) -> Option<String> + Send + Sync>;
+
 /// Whose budget a middleware charges; `K` is the framework's key closure.
 pub(crate) enum Subject<K> {
     Global,
@@ -373,9 +377,10 @@ pub(crate) fn register_as<K: Clone>(limit: &mut Arc<Limit<K>>, name: &str, cost:
 }
 
 /// The builder methods both middlewares share, on a type with a field
-/// `inner: Arc<Limit<K>>` (the framework's `by_key` is its own).
+/// `inner: Arc<Limit<KeyFn<R>>>` for the framework's request `R` (the
+/// framework's `by_key` is its own).
 macro_rules! limit_builder {
-    ($ty:ident) => {
+    ($ty:ident, $request:ty) => {
         impl $ty {
             /// One budget for all requests under `rule`, named `http` (its
             /// key `limiter:http`; name it with [`name`](Self::name)).
@@ -383,7 +388,12 @@ macro_rules! limit_builder {
                 $ty::from_limit(::std::sync::Arc::new($crate::http::limit::Limit::new(rule)))
             }
 
-            fn with(mut self, change: impl FnOnce(&mut $crate::http::limit::Limit<KeyFn>)) -> $ty {
+            fn with(
+                mut self,
+                change: impl FnOnce(
+                    &mut $crate::http::limit::Limit<$crate::http::limit::KeyFn<$request>>,
+                ),
+            ) -> $ty {
                 change(::std::sync::Arc::make_mut(&mut self.inner));
                 self
             }

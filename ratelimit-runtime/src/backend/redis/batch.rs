@@ -9,9 +9,9 @@ use std::time::Duration;
 use tokio::sync::{OwnedMutexGuard, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::codec::{self, Call, Clock, Op};
+use super::codec::{self, Call, Op, TimeSource};
 use super::connection::{
-    Busy, Conn, Target, call_script, functions_refused, not_run, not_sent, script_call,
+    Busy, Conn, Endpoint, call_script, functions_refused, not_run, not_sent, script_call,
 };
 use super::give_back::{self, Delivered, Settled};
 use super::nodes;
@@ -45,10 +45,10 @@ const RELEASED: Outcome = Outcome {
 pub(super) type Ran = (Outcome, Option<u64>);
 
 /// Where a job's answer arrives.
-pub(super) type Answer = oneshot::Receiver<Result<Delivered, Error>>;
+pub(super) type AnswerRx = oneshot::Receiver<Result<Delivered, Error>>;
 
 /// Where a job's answer goes.
-type Reply = oneshot::Sender<Result<Delivered, Error>>;
+type AnswerTx = oneshot::Sender<Result<Delivered, Error>>;
 
 /// One check (or release) waiting to be sent in a batch.
 pub(super) struct Job {
@@ -59,11 +59,11 @@ pub(super) struct Job {
     /// to run, see [`Home`]; a batch has one).
     deadline: Instant,
     /// Taken when the answer is given.
-    reply: Option<Reply>,
+    reply: Option<AnswerTx>,
 }
 
 impl Job {
-    pub(super) fn new(key: &str, call: Call, deadline: Instant) -> (Job, Answer) {
+    pub(super) fn new(key: &str, call: Call, deadline: Instant) -> (Job, AnswerRx) {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             key: StoredKey::new(key),
@@ -268,7 +268,7 @@ pub(super) async fn run_batches(
 /// single server; on a cluster, one group per master by the slot map, or
 /// each alone where no map is known (see [`nodes`]).
 pub(super) fn by_call(jobs: Vec<Job>, conn: &Conn) -> Vec<Vec<Job>> {
-    if !matches!(conn.target, Target::Cluster(_)) {
+    if !matches!(conn.endpoint, Endpoint::Cluster(_)) {
         return vec![jobs];
     }
     match conn.slot_map() {
@@ -345,7 +345,7 @@ pub(super) async fn send_batch(
         job.call.deadline = conn.server_deadline(job.deadline, margin);
     }
     // The answers go out as they are due: each job's own reply.
-    let mut replies: Vec<(Instant, Option<Reply>)> = jobs
+    let mut replies: Vec<(Instant, Option<AnswerTx>)> = jobs
         .iter_mut()
         .map(|job| (job.deadline, job.reply.take()))
         .collect();
@@ -359,7 +359,7 @@ pub(super) async fn send_batch(
             // Several calls on a cluster: keys of several slots, which one
             // master serves (see `by_call`), go as arguments of the
             // library's `node` function, sent to the master of the first.
-            let spread = matches!(conn.target, Target::Cluster(_)) && wire.len() > 1;
+            let spread = matches!(conn.endpoint, Endpoint::Cluster(_)) && wire.len() > 1;
             let call = |function: bool| {
                 if function && let [(key, call)] = &wire[..] {
                     // Alone: the library's leaner function for one call.
@@ -472,7 +472,7 @@ fn settle(
     reply: Result<Vec<u8>, Error>,
     wire: &Arc<[(StoredKey, Call)]>,
     checks: usize,
-    replies: Vec<(Instant, Option<Reply>)>,
+    replies: Vec<(Instant, Option<AnswerTx>)>,
     conn: &Arc<Conn>,
     scripts: &Arc<Scripts>,
     timeout: Duration,
@@ -501,20 +501,20 @@ fn settle(
             // Made for the first answer that may be left unread.
             let mut batch: Option<Arc<Settled>> = None;
             for (i, ((key, call), (deadline, reply))) in wire.iter().zip(replies).enumerate() {
-                let answer = answers.next().unwrap_or(codec::Answer::Ran(RELEASED));
+                let answer = answers.next().unwrap_or(codec::ScriptAnswer::Ran(RELEASED));
                 let now = match call.clock {
-                    Clock::Server => server_time,
-                    Clock::Fixed(now) => Some(now),
+                    TimeSource::Server => server_time,
+                    TimeSource::Fixed(now) => Some(now),
                 };
                 let outcome = match answer {
-                    codec::Answer::Ran(outcome) => outcome,
-                    codec::Answer::Late => {
+                    codec::ScriptAnswer::Ran(outcome) => outcome,
+                    codec::ScriptAnswer::Late => {
                         if let Some(reply) = reply {
                             let _ = reply.send(Err(Error::backend(Expired(timeout))));
                         }
                         continue;
                     }
-                    codec::Answer::Refused => {
+                    codec::ScriptAnswer::Refused => {
                         refused.push((key, call, (deadline, reply)));
                         continue;
                     }
@@ -576,7 +576,7 @@ fn settle(
 /// theirs) again, alone, routed by its own key, by its caller's deadline;
 /// and asks the cluster for its slot map anew.
 fn send_alone<'a>(
-    jobs: impl Iterator<Item = (&'a StoredKey, &'a Call, (Instant, Option<Reply>))>,
+    jobs: impl Iterator<Item = (&'a StoredKey, &'a Call, (Instant, Option<AnswerTx>))>,
     conn: &Arc<Conn>,
     scripts: &Arc<Scripts>,
     timeout: Duration,
@@ -688,7 +688,7 @@ impl std::error::Error for Shared {
 
 #[cfg(test)]
 mod tests {
-    use super::super::codec::Clock;
+    use super::super::codec::TimeSource;
     use super::*;
     use crate::rule::{Algorithm, Rule};
 
@@ -696,7 +696,13 @@ mod tests {
         let rule = Rule::new(Algorithm::FixedWindow, 10, Duration::from_secs(1));
         keys.iter()
             .map(|key| {
-                let call = Call::new(Op::Check(rule.algorithm()), &rule, 1, Clock::Server, None);
+                let call = Call::new(
+                    Op::Check(rule.algorithm()),
+                    &rule,
+                    1,
+                    TimeSource::Server,
+                    None,
+                );
                 Job::new(key, call, Instant::now()).0
             })
             .collect()
