@@ -3,9 +3,11 @@
 
 mod shard;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, MutexGuard};
 
+use super::hook::{Answered, BackendCall, LeaseRef, Sealed};
 use super::{Backend, StoredKey};
 use crate::algorithm::{self, State};
 use crate::clock::{Clock, SystemClock};
@@ -238,6 +240,20 @@ impl MemoryBackend {
         outcome.decision(rule)
     }
 
+    /// One call, answered at once, with the stamp of what it charged.
+    pub(crate) fn answer(&self, call: &BackendCall<'_>) -> Answered {
+        let BackendCall {
+            rule, key, cost, ..
+        } = *call;
+        match call.lease {
+            Some(id) => Answered::by_backend(self.acquire_now(rule, key, cost, id), None),
+            None => {
+                let (decision, charge) = self.charge_now(rule, key, cost);
+                Answered::by_backend(decision, charge.and_then(|c| c.stamp()))
+            }
+        }
+    }
+
     /// Gives back lease `id` of a concurrency rule.
     pub(crate) fn release_now(&self, key: &str, id: u64) {
         let hash = key_hash(&self.inner.hasher, key.as_bytes());
@@ -425,6 +441,27 @@ impl Backend for MemoryBackend {
 
     async fn reset(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
         Ok(self.reset_now(rule, key))
+    }
+
+    fn __answer_now(&self, _: Sealed, call: &BackendCall<'_>) -> Option<Answered> {
+        Some(self.answer(call))
+    }
+
+    fn __answer(
+        &self,
+        _: Sealed,
+        call: BackendCall<'_>,
+    ) -> impl Future<Output = Result<Answered, Error>> + Send {
+        std::future::ready(Ok(self.answer(&call)))
+    }
+
+    fn __release_now(&self, _: Sealed, lease: &LeaseRef<'_>) -> bool {
+        self.release_now(lease.key, lease.id);
+        true
+    }
+
+    fn __name(&self, _: Sealed) -> &'static str {
+        "memory"
     }
 }
 

@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::Backend;
+use super::hook::{Answered, BackendCall, RoundTrip, Sealed};
 use crate::algorithm::{self, spec};
 use crate::decision::{Charge, Decision};
 use crate::error::Error;
@@ -423,16 +424,6 @@ impl RedisBackend {
         Ok((outcome.decision(rule), stamp))
     }
 
-    /// [`Backend::check`], and the stamp of what an allowed check charged.
-    pub(crate) async fn check_charged(
-        &self,
-        rule: &Rule,
-        key: &str,
-        cost: u64,
-    ) -> Result<(Decision, Option<u64>), Error> {
-        self.eval(rule, key, cost, Clock::Server, None).await
-    }
-
     /// A peek, refund (`id`: the stamp of the charge) or reset on `clock`.
     async fn look(
         &self,
@@ -667,6 +658,26 @@ impl Backend for RedisBackend {
         let op = Op::Reset(rule.algorithm());
         self.look(op, rule, key, 1, Clock::Server, None).await
     }
+
+    async fn __answer(&self, _: Sealed, call: BackendCall<'_>) -> Result<Answered, Error> {
+        let BackendCall {
+            rule,
+            key,
+            cost,
+            lease,
+            ..
+        } = call;
+        let (decision, stamp) = self.eval(rule, key, cost, Clock::Server, lease).await?;
+        Ok(Answered::by_backend(decision, stamp))
+    }
+
+    fn __round_trip(&self, _: Sealed, error: &Error) -> RoundTrip {
+        round_trip(error)
+    }
+
+    fn __name(&self, _: Sealed) -> &'static str {
+        "redis"
+    }
 }
 
 /// `work`'s result, or [`TimedOut`] once `limit` has passed.
@@ -695,17 +706,6 @@ impl fmt::Display for Expired {
 }
 
 impl std::error::Error for Expired {}
-
-/// What a failed call says of Redis, for the circuit breaker.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RoundTrip {
-    /// It failed in this round trip, shared by every check of its batch.
-    Failed(u64),
-    /// It never reached Redis (it expired in the client's queue).
-    NotSent,
-    /// Some other failure of this call alone.
-    Other,
-}
 
 /// The errors the checks of one failed batch get (for tests elsewhere).
 #[cfg(test)]
