@@ -30,8 +30,8 @@ use crate::error::Error;
 use crate::rule::Rule;
 pub use crate::secret::redact_url;
 use crate::secret::redact_urls;
-use batch::{Answer, Batching, Job, Ran, answered, send_batch};
-use codec::{Call, Clock, Op};
+use batch::{Answer, Batching, Job, answered, send_batch};
+use codec::{Call, Clock, Op, Ran};
 use connection::{Busy, Conn, Target};
 use scripts::Scripts;
 
@@ -614,7 +614,7 @@ fn cluster_builder(
 ) -> redis::cluster::ClusterClientBuilder {
     ClusterClient::builder(urls.iter().map(String::as_str))
         .connection_timeout(options.connect_timeout)
-        .response_timeout(batch::response_timeout(options.timeout))
+        .response_timeout(connection::response_timeout(options.timeout))
         .retries(0)
 }
 
