@@ -284,45 +284,53 @@ impl RateLimiter {
         on_error: OnError,
     ) -> Result<Permit, Error> {
         validate_cost(rule, cost)?;
+        let lease = holds_leases(rule).then(next_lease_id);
         let call = BackendCall {
             rule,
             key,
             cost,
-            lease: holds_leases(rule).then(next_lease_id),
+            lease,
             on_error,
         };
+        // `call` is moved into the backend's future, not kept beside it.
         let answer = match self.store.answer_now(&call) {
             Some(answer) => answer,
             None => self.store.answer(call).await?,
         };
-        Ok(self.permit(&call, answer))
+        Ok(self.permit(rule, key, cost, lease, answer))
     }
 
     /// The permit for an answer: with a lease for an allowed concurrency
     /// call, else a charge for an allowed call.
-    fn permit(&self, call: &BackendCall<'_>, answer: Answered) -> Permit {
+    fn permit(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        lease: Option<u64>,
+        answer: Answered,
+    ) -> Permit {
         let Answered {
             decision,
             stamp,
             by,
         } = answer;
         if by == ServedBy::Unchecked {
-            return Permit::allowed_unchecked(call.rule);
+            return Permit::allowed_unchecked(rule);
         }
         let local = by == ServedBy::Insurance;
-        let lease = call.lease.filter(|_| decision.allowed).map(|id| {
+        let charge = (decision.allowed && lease.is_none()).then(|| Charge::new(cost, stamp, local));
+        let lease = lease.filter(|_| decision.allowed).map(|id| {
             Box::new(HeldLease {
                 store: Arc::clone(&self.store),
-                rule: *call.rule,
-                key: call.key.into(),
-                cost: call.cost,
+                rule: *rule,
+                key: key.into(),
+                cost,
                 id,
                 held_by_insurance: local,
                 released: false,
             })
         });
-        let charge = (decision.allowed && call.lease.is_none())
-            .then(|| Charge::new(call.cost, stamp, local));
         Permit {
             decision,
             lease,
