@@ -229,7 +229,7 @@ impl RateLimiter {
     /// window, or once a bucket was full again, it gives nothing; nor does a
     /// sliding log's refund with more than 1,024 calls to rewrite (its own
     /// and the ones logged after it). What it means per algorithm is on
-    /// [`Backend::refund`].
+    /// [`Backend::refund`](crate::Backend::refund).
     ///
     /// ```
     /// use std::time::Duration;
