@@ -3,18 +3,18 @@
 use std::fmt;
 use std::sync::Arc;
 
-#[cfg(feature = "redis")]
 use std::time::Duration;
 
-#[cfg(feature = "redis")]
-use super::breaker::{Breaker, OverLimitCache};
-use super::{DynBackend, RateLimiter, Store};
+use super::RateLimiter;
+use super::store::{CustomBackend, Store};
 use crate::backend::Backend;
 use crate::backend::memory::MemoryBackend;
 #[cfg(feature = "redis")]
 use crate::backend::redis::{
     ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, RedisBackend, RedisTarget,
 };
+#[cfg(feature = "redis")]
+use crate::backend::{Failover, OverLimitCache};
 use crate::clock::Clock;
 use crate::error::{Error, OnError};
 use crate::secret::KeySecret;
@@ -35,7 +35,6 @@ pub struct RateLimiterBuilder {
     timeout: Option<Duration>,
     #[cfg(feature = "redis")]
     connect_timeout: Option<Duration>,
-    #[cfg(feature = "redis")]
     probe_interval: Option<Duration>,
     #[cfg(feature = "redis")]
     start_degraded: bool,
@@ -74,7 +73,7 @@ enum BackendChoice {
     Memory,
     #[cfg(feature = "redis")]
     Redis(RedisTarget),
-    Custom(Box<dyn DynBackend>),
+    Custom(Box<dyn CustomBackend>),
 }
 
 impl fmt::Debug for BackendChoice {
@@ -127,9 +126,9 @@ impl RateLimiterBuilder {
         self
     }
 
-    /// After Redis fails, how often one call probes it while the others are
-    /// answered by the failure policy without waiting for it (default 250 ms).
-    #[cfg(feature = "redis")]
+    /// After the backend (Redis, or one of yours) fails, how often one call
+    /// probes it while the others are answered by the failure policy without
+    /// waiting for it (default 250 ms).
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.probe_interval = Some(interval);
         self
@@ -238,7 +237,11 @@ impl RateLimiterBuilder {
         self
     }
 
-    /// Keep budgets in a backend of your own.
+    /// Keep budgets in a backend of your own. It fails over as Redis does:
+    /// a call it answers with [`Error::Backend`] goes to the failure policy
+    /// ([`on_backend_error`](Self::on_backend_error), or the rule's
+    /// `on_error`), and a circuit breaker spares it calls while it fails (see
+    /// [`Backend`] and [`probe_interval`](Self::probe_interval)).
     pub fn backend(mut self, backend: impl Backend) -> Self {
         self.backend = BackendChoice::Custom(Box::new(backend));
         self
@@ -304,10 +307,15 @@ impl RateLimiterBuilder {
         }
     }
 
+    /// How often a failed backend is probed.
+    fn probe(&self) -> Duration {
+        self.probe_interval.unwrap_or(Duration::from_millis(250))
+    }
+
     #[cfg(feature = "redis")]
-    fn redis_store(&self, redis: RedisBackend, clock: Option<Box<dyn Clock>>) -> Store {
+    fn redis_store(&self, redis: RedisBackend, clock: Option<Box<dyn Clock>>) -> Arc<dyn Store> {
         let over_limit = self.over_limit_cache.then(|| {
-            std::sync::Arc::new(OverLimitCache::new(
+            Arc::new(OverLimitCache::new(
                 self.max_keys
                     .unwrap_or(crate::backend::memory::DEFAULT_MAX_KEYS),
             ))
@@ -315,18 +323,11 @@ impl RateLimiterBuilder {
         if let Some(cache) = &over_limit {
             // What a late answer allowed, given back: the key's refusal no
             // longer holds.
-            let cache = std::sync::Arc::clone(cache);
+            let cache = Arc::clone(cache);
             redis.on_give_back(Box::new(move |key| cache.forget_key(key)));
         }
-        Store::Redis {
-            redis,
-            insurance: self.memory(clock),
-            breaker: Breaker::new(
-                self.probe_interval.unwrap_or(Duration::from_millis(250)),
-                false,
-            ),
-            over_limit,
-        }
+        let failover = Failover::new(redis, self.memory(clock), self.probe(), self.on_error);
+        Arc::new(failover.with_over_limit(over_limit))
     }
 
     /// The in-process store, on the given clock or the system's.
@@ -361,8 +362,8 @@ impl RateLimiterBuilder {
         let secret = self.secret()?;
         let clock = self.clock.take();
         let backend = std::mem::take(&mut self.backend);
-        let store = match backend {
-            BackendChoice::Memory => Store::Memory(self.memory(clock)),
+        let store: Arc<dyn Store> = match backend {
+            BackendChoice::Memory => Arc::new(self.memory(clock)),
             #[cfg(feature = "redis")]
             BackendChoice::Redis(target) => {
                 #[cfg(feature = "tls")]
@@ -373,7 +374,9 @@ impl RateLimiterBuilder {
                 let redis = RedisBackend::connect(target, self.connect_options()).await?;
                 self.redis_store(redis, clock)
             }
-            BackendChoice::Custom(backend) => Store::Custom(backend),
+            BackendChoice::Custom(backend) => {
+                backend.with_failover(self.memory(clock), self.probe(), self.on_error)
+            }
         };
         Ok(RateLimiter {
             on_error: self.on_error,

@@ -9,9 +9,10 @@ use std::time::Duration;
 use tokio::sync::{OwnedMutexGuard, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::codec::{self, Call, Op, TimeSource};
+use super::codec::{self, Call, Op, Ran, TimeSource};
 use super::connection::{
-    Busy, Conn, Endpoint, call_script, functions_refused, not_run, not_sent, script_call,
+    Busy, Conn, Endpoint, LATE_ANSWER, call_script, functions_refused, not_run, not_sent,
+    script_call,
 };
 use super::give_back::{self, Delivered, Settled};
 use super::nodes;
@@ -39,10 +40,6 @@ const RELEASED: Outcome = Outcome {
     reset_after_us: 0,
     retry_after_us: 0,
 };
-
-/// What a job that ran answers: its outcome, and the time it ran at (µs of
-/// the server's clock, or the time it was given; `None` when unknown).
-pub(super) type Ran = (Outcome, Option<u64>);
 
 /// Where a job's answer arrives.
 pub(super) type AnswerRx = oneshot::Receiver<Result<Delivered, Error>>;
@@ -290,17 +287,6 @@ impl fmt::Display for NotHere {
 
 impl std::error::Error for NotHere {}
 
-/// How long a script call's answer is still waited for once every caller of
-/// it has been answered (by its deadline): an allowed check it holds is
-/// then given back.
-const LATE_ANSWER: Duration = Duration::from_secs(2);
-
-/// How long the connection waits for any answer: past every deadline, so
-/// that a late answer still arrives (see [`LATE_ANSWER`]).
-pub(super) fn response_timeout(timeout: Duration) -> Duration {
-    timeout.max(LATE_ANSWER)
-}
-
 /// Runs one batch and hands each check its answer, or `TimedOut` at its own
 /// deadline, whichever comes first.
 ///
@@ -531,6 +517,7 @@ fn settle(
                                     conn: Arc::clone(conn),
                                     scripts: Arc::clone(scripts),
                                     timeout,
+                                    send: give_back,
                                 })
                             });
                             (Arc::clone(batch), i)
@@ -538,11 +525,11 @@ fn settle(
                         let _ = reply.send(Ok(Delivered::new((outcome, now), unread)));
                     }
                     _ if holds => {
-                        if let Some(job) = give_back::give_back_of(key, call, &outcome, now) {
+                        if let Some(gift) = give_back::give_back_of(key, call, &outcome, now) {
                             tracing::debug!(
                                 "Redis allowed a check whose caller had stopped waiting: given back"
                             );
-                            give_backs.push(job);
+                            give_backs.push(gift);
                         }
                     }
                     _ => {}
@@ -552,7 +539,7 @@ fn settle(
                 send_alone(refused.into_iter(), conn, scripts, timeout);
             }
             if !give_backs.is_empty() {
-                tokio::spawn(give_back::give_back(
+                tokio::spawn(give_back(
                     give_backs,
                     Arc::clone(conn),
                     Arc::clone(scripts),
@@ -569,6 +556,34 @@ fn settle(
             }
         }
     }
+}
+
+/// Sends what is given back for callers that are gone: the releases of
+/// their leases and the refunds of their checks (boxed: a batch that sends
+/// them is itself a batch). Then a refusal remembered for their keys (the
+/// limiter's over-limit cache) is forgotten.
+fn give_back(
+    gifts: Vec<(StoredKey, Call)>,
+    conn: Arc<Conn>,
+    scripts: Arc<Scripts>,
+    timeout: Duration,
+) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let keys: Vec<StoredKey> = gifts.iter().map(|(key, _)| key.clone()).collect();
+        let jobs = gifts
+            .into_iter()
+            .map(|(key, call)| Job::detached(key, call));
+        for calls in by_call(jobs.collect(), &conn) {
+            send_batch(calls, &conn, &scripts, timeout).await;
+        }
+        if let Some(forget) = conn.given_back.get() {
+            for key in &keys {
+                if let Ok(key) = std::str::from_utf8(key.as_bytes()) {
+                    forget(key);
+                }
+            }
+        }
+    })
 }
 
 /// Sends each of these calls of a cluster batch that did not run (their

@@ -280,6 +280,10 @@ pub(super) fn not_here(reply: &[u8]) -> bool {
     reply == (-2.0f64).to_be_bytes()
 }
 
+/// What a job that ran answers: its outcome, and the time it ran at (µs of
+/// the server's clock, or the time it was given; `None` when unknown).
+pub(super) type Ran = (Outcome, Option<u64>);
+
 /// A check's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum ScriptAnswer {

@@ -22,6 +22,17 @@ use super::scripts::{Library, Scripts};
 use super::within;
 use crate::error::Error;
 
+/// How long a script call's answer is still waited for once every caller of
+/// it has been answered (by its deadline): an allowed check it holds is
+/// then given back.
+pub(super) const LATE_ANSWER: Duration = Duration::from_secs(2);
+
+/// How long the connection waits for any answer: past every deadline, so
+/// that a late answer still arrives (see [`LATE_ANSWER`]).
+pub(super) fn response_timeout(timeout: Duration) -> Duration {
+    timeout.max(LATE_ANSWER)
+}
+
 /// What is told of a key whose units were given back.
 pub(crate) type GivenBack = Box<dyn Fn(&str) + Send + Sync>;
 
@@ -596,7 +607,7 @@ impl Conn {
     async fn manager(&self, client: &redis::Client) -> Result<ConnectionManager, Error> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(super::batch::response_timeout(self.timeout)))
+            .set_response_timeout(Some(response_timeout(self.timeout)))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_secs(1));
         client

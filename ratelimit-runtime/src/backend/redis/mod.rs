@@ -26,13 +26,14 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::Backend;
+use super::hook::{Answered, BackendCall, RoundTrip, Sealed};
 use crate::algorithm::{self, spec};
 use crate::decision::{Charge, Decision};
 use crate::error::Error;
 use crate::rule::Rule;
 pub use crate::secret::redact_url;
-use batch::{AnswerRx, Batching, Job, Ran, answered, send_batch};
-use codec::{Call, Op, TimeSource};
+use batch::{AnswerRx, Batching, Job, answered, send_batch};
+use codec::{Call, Op, Ran, TimeSource};
 use connection::{Busy, Conn, Endpoint};
 use scripts::Scripts;
 pub use target::RedisTarget;
@@ -263,16 +264,6 @@ impl RedisBackend {
         Ok((outcome.decision(rule), stamp))
     }
 
-    /// [`Backend::check`], and the stamp of what an allowed check charged.
-    pub(crate) async fn check_charged(
-        &self,
-        rule: &Rule,
-        key: &str,
-        cost: u64,
-    ) -> Result<(Decision, Option<u64>), Error> {
-        self.eval(rule, key, cost, TimeSource::Server, None).await
-    }
-
     /// A peek, refund (`id`: the stamp of the charge) or reset on `clock`.
     async fn look(
         &self,
@@ -377,7 +368,7 @@ pub(super) fn cluster_builder(
 ) -> redis::cluster::ClusterClientBuilder {
     ClusterClient::builder(urls.iter().map(String::as_str))
         .connection_timeout(options.connect_timeout)
-        .response_timeout(batch::response_timeout(options.timeout))
+        .response_timeout(connection::response_timeout(options.timeout))
         .retries(0)
 }
 
@@ -420,6 +411,28 @@ impl Backend for RedisBackend {
         let op = Op::Reset(rule.algorithm());
         self.look(op, rule, key, 1, TimeSource::Server, None).await
     }
+
+    async fn __answer(&self, _: Sealed, call: BackendCall<'_>) -> Result<Answered, Error> {
+        let BackendCall {
+            rule,
+            key,
+            cost,
+            lease,
+            ..
+        } = call;
+        let (decision, stamp) = self
+            .eval(rule, key, cost, TimeSource::Server, lease)
+            .await?;
+        Ok(Answered::by_backend(decision, stamp))
+    }
+
+    fn __round_trip(&self, _: Sealed, error: &Error) -> RoundTrip {
+        round_trip(error)
+    }
+
+    fn __name(&self, _: Sealed) -> &'static str {
+        "redis"
+    }
 }
 
 /// `work`'s result, or [`TimedOut`] once `limit` has passed.
@@ -448,17 +461,6 @@ impl fmt::Display for Expired {
 }
 
 impl std::error::Error for Expired {}
-
-/// What a failed call says of Redis, for the circuit breaker.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RoundTrip {
-    /// It failed in this round trip, shared by every check of its batch.
-    Failed(u64),
-    /// It never reached Redis (it expired in the client's queue).
-    NotSent,
-    /// Some other failure of this call alone.
-    Other,
-}
 
 /// The errors the checks of one failed batch get (for tests elsewhere).
 #[cfg(test)]
