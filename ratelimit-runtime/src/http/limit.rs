@@ -262,8 +262,8 @@ impl<K> Limit<K> {
                     // Not read: addresses are kept as they are.
                     Err(_) => &[],
                 };
-                match options.ip_subject(secret, ip) {
-                    Ok(subject) => subject,
+                match options.ip_subject(&self.key, secret, ip) {
+                    Ok(key) => return Verdict::Check(Cow::Owned(key)),
                     Err(()) => return Verdict::Refuse(site.unknown_client()),
                 }
             }
@@ -273,7 +273,10 @@ impl<K> Limit<K> {
                     return Verdict::Pass;
                 }
                 match limiter.key_secret() {
-                    Ok(secret) => options.header_subject(secret, name, value),
+                    Ok(secret) => {
+                        let key = options.header_key(&self.key, secret, name, value);
+                        return Verdict::Check(Cow::Owned(key));
+                    }
                     Err(error) => return Verdict::Refuse(site.misconfigured(&error)),
                 }
             }
