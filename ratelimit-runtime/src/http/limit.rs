@@ -126,26 +126,26 @@ impl Sites {
     /// The site and key a request with `key` (its own rule's) is checked
     /// under: its tier's, when the picker names one in the table.
     pub(crate) fn choose<'a, K>(
-        &self,
+        &'a self,
         limit: &Limit<K>,
         key: Cow<'a, str>,
         pick: impl FnOnce(&K) -> Option<String>,
-    ) -> (Arc<Site>, Cow<'a, str>) {
+    ) -> (&'a Arc<Site>, Cow<'a, str>) {
         let Some((_, picker)) = &limit.tiers else {
-            return (Arc::clone(&self.own), key);
+            return (&self.own, key);
         };
         let Some(tier) = pick(picker) else {
-            return (Arc::clone(&self.own), key);
+            return (&self.own, key);
         };
         match self.tiers.iter().find(|site| site.name == tier) {
             Some(site) => {
                 let subject = keys::subject_of(&key, &limit.key);
                 let key = keys::key(site.prefix, site.name, subject);
-                (Arc::clone(site), Cow::Owned(key))
+                (site, Cow::Owned(key))
             }
             None => {
                 tracing::debug!(tier, "no such tier; the middleware's own rule applies");
-                (Arc::clone(&self.own), key)
+                (&self.own, key)
             }
         }
     }

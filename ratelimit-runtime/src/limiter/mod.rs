@@ -388,19 +388,34 @@ impl RateLimiter {
         cost: u64,
         on_error: OnError,
     ) -> Result<Permit, Error> {
-        validate_cost(rule, cost)?;
-        match &*self.store {
-            Store::Memory(memory) => {
-                let id = if holds_leases(rule) {
-                    next_lease_id()
-                } else {
-                    0
-                };
-                let (decision, stamp) = in_memory(memory, rule, key, cost, id);
-                Ok(self.permit(rule, key, cost, id, (decision, stamp), false))
-            }
-            _ => Box::pin(self.acquire_from_backend(rule, key, cost, on_error)).await,
+        if let Some(answer) = self.acquire_now(rule, key, cost) {
+            return answer;
         }
+        validate_cost(rule, cost)?;
+        Box::pin(self.acquire_from_backend(rule, key, cost, on_error)).await
+    }
+
+    /// [`acquire_with`](Self::acquire_with) answered without waiting, when
+    /// the store is process memory; `None` when the store must be awaited.
+    pub(crate) fn acquire_now(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+    ) -> Option<Result<Permit, Error>> {
+        let Store::Memory(memory) = &*self.store else {
+            return None;
+        };
+        if let Err(error) = validate_cost(rule, cost) {
+            return Some(Err(error));
+        }
+        let id = if holds_leases(rule) {
+            next_lease_id()
+        } else {
+            0
+        };
+        let (decision, stamp) = in_memory(memory, rule, key, cost, id);
+        Some(Ok(self.permit(rule, key, cost, id, (decision, stamp), false)))
     }
 
     /// The permit for a decision and its stamp (with a lease for an allowed
