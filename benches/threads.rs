@@ -279,7 +279,9 @@ fn main() {
             "--checks" => checks = value("--checks").max(2),
             // What `cargo bench` passes to every bench.
             "--bench" => {}
-            other => panic!("unknown argument {other}: --rounds N, --checks N, --turns, --versus [--shapes]"),
+            other => panic!(
+                "unknown argument {other}: --rounds N, --checks N, --turns, --versus [--shapes]"
+            ),
         }
     }
     if turns {

@@ -34,8 +34,17 @@ pub(crate) fn keys_of(shape: &str) -> Vec<String> {
         .map(|i| match shape {
             "user" => format!("limiter:user:{i}"),
             "short" => format!("k{i}"),
-            "ipv4" => format!("limiter:api:ip:10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255),
-            "ipv6" => format!("limiter:api:ip:2001:db8:{:x}:{:x}::/64", i >> 16, i & 0xffff),
+            "ipv4" => format!(
+                "limiter:api:ip:10.{}.{}.{}",
+                i >> 16,
+                (i >> 8) & 255,
+                i & 255
+            ),
+            "ipv6" => format!(
+                "limiter:api:ip:2001:db8:{:x}:{:x}::/64",
+                i >> 16,
+                i & 0xffff
+            ),
             "header" => {
                 // 32 hex digits, spread like a digest's.
                 let x = u128::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835);

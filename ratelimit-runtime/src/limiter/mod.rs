@@ -415,7 +415,14 @@ impl RateLimiter {
             0
         };
         let (decision, stamp) = in_memory(memory, rule, key, cost, id);
-        Some(Ok(self.permit(rule, key, cost, id, (decision, stamp), false)))
+        Some(Ok(self.permit(
+            rule,
+            key,
+            cost,
+            id,
+            (decision, stamp),
+            false,
+        )))
     }
 
     /// The permit for a decision and its stamp (with a lease for an allowed
