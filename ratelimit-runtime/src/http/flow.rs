@@ -1,9 +1,11 @@
 //! The request flow of both middlewares (actix-web's `RateLimit`, the tower
 //! `RateLimitLayer`), written once: the verdict (exempt, unknown client or
-//! the key to check), the tier's rule, the check, then a refusal or the
-//! rate-limit fields, and after the response the refund its status asks
-//! for. Each framework reads its request through [`LimitedRequest`] and
-//! turns [`Refusal`]s and fields into its own responses.
+//! the key to check) and the tier's rule, decided before anything is
+//! awaited; the check (answered at once by process memory, else awaited);
+//! then a refusal or the rate-limit fields, and after the response the
+//! refund its status asks for. Each framework reads its request through
+//! [`LimitedRequest`] and turns [`Refusal`]s and fields into its own
+//! responses.
 
 use std::borrow::Cow;
 use std::net::IpAddr;
