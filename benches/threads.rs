@@ -163,7 +163,7 @@ fn versus_shape(rounds: usize, shape: &str) {
         std::hint::black_box(gov.check_key(key).is_ok());
     };
     for algorithm in LASTING {
-        let (store, limiter) = ours_for("versus", algorithm);
+        let (store, limiter) = ours_for(&format!("versus-{shape}"), algorithm);
         let rule = rule(algorithm, true);
         let ours = |key: &String| ours(&store, &limiter, &rule, key);
         for (name, order) in [("fill", &fill), ("random", &random)] {
