@@ -130,26 +130,26 @@ impl Sites {
     /// The site and key a request with `key` (its own rule's) is checked
     /// under: its tier's, when the picker names one in the table.
     pub(crate) fn choose<'a, K>(
-        &self,
+        &'a self,
         limit: &Limit<K>,
         key: Cow<'a, str>,
         pick: impl FnOnce(&K) -> Option<String>,
-    ) -> (Arc<Site>, Cow<'a, str>) {
+    ) -> (&'a Arc<Site>, Cow<'a, str>) {
         let Some((_, picker)) = &limit.tiers else {
-            return (Arc::clone(&self.own), key);
+            return (&self.own, key);
         };
         let Some(tier) = pick(picker) else {
-            return (Arc::clone(&self.own), key);
+            return (&self.own, key);
         };
         match self.tiers.iter().find(|site| site.name == tier) {
             Some(site) => {
                 let subject = keys::subject_of(&key, &limit.key);
                 let key = keys::key(site.prefix, site.name, subject);
-                (Arc::clone(site), Cow::Owned(key))
+                (site, Cow::Owned(key))
             }
             None => {
                 tracing::debug!(tier, "no such tier; the middleware's own rule applies");
-                (Arc::clone(&self.own), key)
+                (&self.own, key)
             }
         }
     }
@@ -266,8 +266,8 @@ impl<K> Limit<K> {
                     // Not read: addresses are kept as they are.
                     Err(_) => &[],
                 };
-                match options.ip_subject(secret, ip) {
-                    Ok(subject) => subject,
+                match options.ip_subject(&self.key, secret, ip) {
+                    Ok(key) => return Verdict::Check(Cow::Owned(key)),
                     Err(()) => return Verdict::Refuse(site.unknown_client()),
                 }
             }
@@ -277,7 +277,10 @@ impl<K> Limit<K> {
                     return Verdict::Pass;
                 }
                 match limiter.key_secret() {
-                    Ok(secret) => options.header_subject(secret, name, value),
+                    Ok(secret) => {
+                        let key = options.header_key(&self.key, secret, name, value);
+                        return Verdict::Check(Cow::Owned(key));
+                    }
                     Err(error) => return Verdict::Refuse(site.misconfigured(&error)),
                 }
             }

@@ -300,6 +300,31 @@ impl RateLimiter {
         Ok(self.permit(rule, key, cost, lease, answer))
     }
 
+    /// [`acquire_with`](Self::acquire_with) answered without waiting, when
+    /// the store answers at once (process memory); `None` when the store
+    /// must be awaited (nothing is checked then).
+    pub(crate) fn acquire_now(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        on_error: OnError,
+    ) -> Option<Result<Permit, Error>> {
+        if let Err(error) = validate_cost(rule, cost) {
+            return Some(Err(error));
+        }
+        let lease = holds_leases(rule).then(next_lease_id);
+        let call = BackendCall {
+            rule,
+            key,
+            cost,
+            lease,
+            on_error,
+        };
+        let answer = self.store.answer_now(&call)?;
+        Some(Ok(self.permit(rule, key, cost, lease, answer)))
+    }
+
     /// The permit for an answer: with a lease for an allowed concurrency
     /// call, else a charge for an allowed call.
     fn permit(
