@@ -150,7 +150,8 @@ use proc_macro::TokenStream;
 ///
 /// ```text
 /// static __RATELIMIT_SITE_0: Site = Site::new("report:{user_id}",
-///     Rule::new(Algorithm::FixedWindow, 2, Duration::from_millis(60000)), 1, None, None, false);
+///     Rule::new(Algorithm::FixedWindow, 2, Duration::from_millis(60000)));
+///     // options other than the defaults follow: `.with_cost(..)`, `.with_prefix(..)`, ...
 /// let __ratelimit_permit_0 = match check(&__RATELIMIT_SITE_0, &format!("limiter:report:{}", user_id)).await {
 ///     Ok(pass) => pass, // held until the body has run
 ///     Err(limited) => return <Result<String, RateLimited> as Reject>::reject(limited), // Err(limited.into())
@@ -158,8 +159,8 @@ use proc_macro::TokenStream;
 /// /* the original body */
 /// ```
 ///
-/// `check` is the runtime's decision pipeline (`ratelimit_runtime::pipeline`),
-/// the same one its HTTP middleware uses.
+/// `check` is the runtime's decision pipeline (crate-private, reached through
+/// `__private`), the same one its HTTP middleware uses.
 ///
 /// Paths are absolute (`::ratelimit_runtime::__private::...`). A key without
 /// placeholders is one `&'static str` built at compile time, so a call

@@ -16,11 +16,10 @@ use http_body_util::{Either, Full};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::http::flow::{LimitedRequest, Prepared, admitted};
+use crate::http::flow::{Held, LimitedRequest, Prepared, admitted};
 use crate::http::limit::{KeyFn, Limit, Sites, Subject, limit_builder};
-use crate::http::{Field, Headers, HttpOptions, Refusal, Tiers, append};
+use crate::http::{Headers, HttpOptions, Refusal, Tiers, append};
 use crate::limiter::RateLimiter;
-use crate::pipeline::Pass;
 
 /// Rate limiting for every request a tower service handles.
 ///
@@ -243,10 +242,6 @@ where
     }
 }
 
-/// What an admitted request holds until its response: the permit (a
-/// concurrency rule's lease) and the rate-limit fields.
-type Held = (Pass, Vec<Field>);
-
 /// A response future that must wait for the store, boxed.
 type Waiting<B, E> = Pin<Box<dyn Future<Output = Result<Response<LimitedBody<B>>, E>> + Send>>;
 
@@ -254,13 +249,13 @@ pin_project_lite::pin_project! {
     /// The future of a [`LimitedService`]'s response.
     pub struct ResponseFuture<F, B, E> {
         #[pin]
-        state: State<F, B, E>,
+        stage: Stage<F, B, E>,
     }
 }
 
 pin_project_lite::pin_project! {
-    #[project = StateProj]
-    enum State<F, B, E> {
+    #[project = StageProj]
+    enum Stage<F, B, E> {
         /// The inner service's response, then the fields.
         Inner {
             #[pin]
@@ -282,13 +277,13 @@ pin_project_lite::pin_project! {
 impl<F, B, E> ResponseFuture<F, B, E> {
     fn inner(future: F, held: Option<Held>) -> Self {
         ResponseFuture {
-            state: State::Inner { future, held },
+            stage: Stage::Inner { future, held },
         }
     }
 
     fn ready(response: Response<LimitedBody<B>>) -> Self {
         ResponseFuture {
-            state: State::Ready {
+            stage: Stage::Ready {
                 future: std::future::ready(Ok(response)),
             },
         }
@@ -296,7 +291,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
 
     fn waiting(future: Waiting<B, E>) -> Self {
         ResponseFuture {
-            state: State::Waiting { future },
+            stage: Stage::Waiting { future },
         }
     }
 }
@@ -314,8 +309,8 @@ where
     type Output = Result<Response<LimitedBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            StateProj::Inner { future, held } => {
+        match self.project().stage.project() {
+            StageProj::Inner { future, held } => {
                 let mut response = std::task::ready!(future.poll(cx))?;
                 // The permit goes once the response is produced.
                 if let Some((permit, fields)) = held.take() {
@@ -324,8 +319,8 @@ where
                 }
                 Poll::Ready(Ok(response.map(Either::Left)))
             }
-            StateProj::Ready { future } => future.poll(cx),
-            StateProj::Waiting { future } => future.as_mut().poll(cx),
+            StageProj::Ready { future } => future.poll(cx),
+            StageProj::Waiting { future } => future.as_mut().poll(cx),
         }
     }
 }

@@ -11,10 +11,9 @@ use actix_web::body::EitherBody;
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
 
 use super::{append, client_ip, limiter_for, options_for, response};
-use crate::http::flow::{LimitedRequest, Prepared, admitted};
+use crate::http::flow::{Held, LimitedRequest, Prepared, admitted};
 use crate::http::limit::{KeyFn, Limit, Sites, Subject, limit_builder};
-use crate::http::{Field, Headers, HttpOptions, Refusal, Tiers};
-use crate::pipeline::Pass;
+use crate::http::{Headers, HttpOptions, Refusal, Tiers};
 
 /// Rate limiting for a whole app, scope or resource, with the same rules and
 /// limiter as `#[rate_limit]`.
@@ -164,10 +163,6 @@ fn refuse<B>(req: ServiceRequest, refusal: Refusal) -> ServiceResponse<EitherBod
     req.into_response(response(refusal)).map_into_right_body()
 }
 
-/// What an admitted request holds until its response: the permit (a
-/// concurrency rule's lease) and the rate-limit fields.
-type Held = (Pass, Vec<Field>);
-
 /// The middleware's answer, once the store has been awaited.
 type Answer<B> = Result<ServiceResponse<EitherBody<B>>, actix_web::Error>;
 
@@ -175,13 +170,13 @@ pin_project_lite::pin_project! {
     /// The future of a [`RateLimitService`]'s response.
     pub struct RateLimitFuture<F, B> {
         #[pin]
-        state: State<F, B>,
+        stage: Stage<F, B>,
     }
 }
 
 pin_project_lite::pin_project! {
-    #[project = StateProj]
-    enum State<F, B> {
+    #[project = StageProj]
+    enum Stage<F, B> {
         /// The inner service's response, then the fields.
         Inner {
             #[pin]
@@ -203,13 +198,13 @@ pin_project_lite::pin_project! {
 impl<F, B> RateLimitFuture<F, B> {
     fn inner(future: F, held: Option<Held>) -> Self {
         RateLimitFuture {
-            state: State::Inner { future, held },
+            stage: Stage::Inner { future, held },
         }
     }
 
     fn ready(response: ServiceResponse<EitherBody<B>>) -> Self {
         RateLimitFuture {
-            state: State::Ready {
+            stage: Stage::Ready {
                 future: ready(Ok(response)),
             },
         }
@@ -217,7 +212,7 @@ impl<F, B> RateLimitFuture<F, B> {
 
     fn waiting(future: Pin<Box<dyn Future<Output = Answer<B>>>>) -> Self {
         RateLimitFuture {
-            state: State::Waiting { future },
+            stage: Stage::Waiting { future },
         }
     }
 }
@@ -235,8 +230,8 @@ where
     type Output = Answer<B>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            StateProj::Inner { future, held } => {
+        match self.project().stage.project() {
+            StageProj::Inner { future, held } => {
                 let mut response = std::task::ready!(future.poll(cx))?;
                 // The permit goes once the response is produced.
                 if let Some((permit, fields)) = held.take() {
@@ -245,8 +240,8 @@ where
                 }
                 Poll::Ready(Ok(response.map_into_left_body()))
             }
-            StateProj::Ready { future } => future.poll(cx),
-            StateProj::Waiting { future } => future.as_mut().poll(cx),
+            StageProj::Ready { future } => future.poll(cx),
+            StageProj::Waiting { future } => future.as_mut().poll(cx),
         }
     }
 }

@@ -23,14 +23,14 @@ const MIN_SWEEP_LEN: usize = 256;
 /// saves round trips; a key it forgot is asked of Redis again).
 #[derive(Debug)]
 pub(crate) struct OverLimitCache {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Mutex<CacheShard>]>,
     hasher: RandomState,
     max_per_shard: usize,
 }
 
 #[derive(Debug, Default)]
-struct Shard {
-    entries: HashMap<Box<str>, Refusal>,
+struct CacheShard {
+    entries: HashMap<Box<str>, CachedRefusal>,
     sweep_at: usize,
     /// When a refusal of the shard's keys was last forgotten: a refusal
     /// answered to a request sent before it may predate what was given
@@ -39,7 +39,7 @@ struct Shard {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Refusal {
+struct CachedRefusal {
     /// The rule Redis refused under: a call under another (an override
     /// changed it) asks Redis again.
     rule: Rule,
@@ -57,7 +57,7 @@ impl OverLimitCache {
             max_per_shard: max_keys.div_ceil(CACHE_SHARDS).max(MIN_SWEEP_LEN),
             shards: (0..CACHE_SHARDS)
                 .map(|_| {
-                    Mutex::new(Shard {
+                    Mutex::new(CacheShard {
                         entries: HashMap::new(),
                         sweep_at: MIN_SWEEP_LEN,
                         forgotten: None,
@@ -68,7 +68,7 @@ impl OverLimitCache {
         }
     }
 
-    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, CacheShard> {
         let index = self.hasher.hash_one(key) as usize % CACHE_SHARDS;
         self.shards[index]
             .lock()
@@ -123,7 +123,7 @@ impl OverLimitCache {
         if decision.allowed || decision.retry_after.is_zero() {
             return;
         }
-        let refusal = Refusal {
+        let refusal = CachedRefusal {
             rule: *rule,
             until: sent + decision.retry_after,
             reset_at: sent + decision.reset_after,

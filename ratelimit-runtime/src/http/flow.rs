@@ -18,6 +18,10 @@ use crate::limiter::RateLimiter;
 use crate::pipeline::Pass;
 use crate::site::Site;
 
+/// What an admitted request holds until its response: the permit (a
+/// concurrency rule's lease) and the rate-limit fields.
+pub(crate) type Held = (Pass, Vec<Field>);
+
 /// A request as the flow reads it; `K` is the framework's closure type (a
 /// middleware's `by_key` and tier picker), which the request runs.
 pub(crate) trait LimitedRequest<K> {

@@ -205,6 +205,7 @@ pub enum NoFallback {}
 
 impl<T, F> Reply<T, F> {
     /// The handler's value, with the fields of every rule it passed.
+    #[doc(hidden)]
     pub fn allowed(value: T, seen: &[Option<Report>], call: &HttpCall) -> Self {
         let fields = rate_limit_headers(call.options().headers, seen.iter().flatten());
         Reply {
@@ -214,6 +215,7 @@ impl<T, F> Reply<T, F> {
     }
 
     /// The refusal of `limited`, with the fields of the rules passed before.
+    #[doc(hidden)]
     pub fn refused(limited: RateLimited, seen: &[Option<Report>], call: &HttpCall) -> Self {
         let passed: Vec<Report> = seen.iter().flatten().copied().collect();
         Reply {
@@ -224,6 +226,7 @@ impl<T, F> Reply<T, F> {
 
     /// A fallback's value for `limited`, with every rule's fields (the
     /// refusing one's included).
+    #[doc(hidden)]
     pub fn demoted(
         value: F,
         limited: &RateLimited,
