@@ -7,6 +7,7 @@ mod breaker;
 mod builder;
 mod install;
 mod permit;
+mod stacked;
 
 use std::fmt;
 use std::future::Future;
@@ -19,8 +20,9 @@ use once_cell::sync::OnceCell;
 
 pub use builder::RateLimiterBuilder;
 pub use permit::Permit;
+pub use stacked::{Permits, Verdict};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, RuleCheck};
 use crate::backend::memory::MemoryBackend;
 #[cfg(feature = "redis")]
 use crate::backend::redis::RedisBackend;
@@ -581,7 +583,10 @@ trait DynBackend: Send + Sync + fmt::Debug + 'static {
     fn peek<'a>(&'a self, rule: &'a Rule, key: &'a str) -> CheckFuture<'a>;
     fn refund<'a>(&'a self, rule: &'a Rule, key: &'a str, charge: Charge) -> CheckFuture<'a>;
     fn reset<'a>(&'a self, rule: &'a Rule, key: &'a str) -> CheckFuture<'a>;
+    fn check_all<'a>(&'a self, checks: &'a [RuleCheck<'a>]) -> CheckAllFuture<'a>;
 }
+
+type CheckAllFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<Decision>, Error>> + Send + 'a>>;
 
 type ReleaseFuture<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'a>>;
 
@@ -620,6 +625,10 @@ impl<B: Backend> DynBackend for B {
 
     fn reset<'a>(&'a self, rule: &'a Rule, key: &'a str) -> CheckFuture<'a> {
         Box::pin(Backend::reset(self, rule, key))
+    }
+
+    fn check_all<'a>(&'a self, checks: &'a [RuleCheck<'a>]) -> CheckAllFuture<'a> {
+        Box::pin(Backend::check_all(self, checks))
     }
 }
 #[cfg(test)]

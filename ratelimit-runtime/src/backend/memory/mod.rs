@@ -1,6 +1,7 @@
 //! The in-process store: the embedded default, and the insurance limiter
 //! while Redis is unavailable.
 
+mod set;
 mod shard;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -425,6 +426,15 @@ impl Backend for MemoryBackend {
 
     async fn reset(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
         Ok(self.reset_now(rule, key))
+    }
+
+    async fn check_all(&self, checks: &[super::RuleCheck<'_>]) -> Result<Vec<Decision>, Error> {
+        let (outcomes, _) = self.check_all_now(checks);
+        Ok(outcomes
+            .iter()
+            .zip(checks)
+            .map(|(outcome, check)| outcome.decision(check.rule))
+            .collect())
     }
 }
 

@@ -11,6 +11,7 @@ mod connection;
 mod give_back;
 mod nodes;
 mod scripts;
+mod stacked;
 mod tls;
 
 use std::fmt;
@@ -666,6 +667,11 @@ impl Backend for RedisBackend {
     async fn reset(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
         let op = Op::Reset(rule.algorithm());
         self.look(op, rule, key, 1, Clock::Server, None).await
+    }
+
+    async fn check_all(&self, checks: &[super::RuleCheck<'_>]) -> Result<Vec<Decision>, Error> {
+        let answers = self.check_all_charged(checks).await?;
+        Ok(answers.into_iter().map(|(decision, _)| decision).collect())
     }
 }
 
