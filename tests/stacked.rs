@@ -111,6 +111,13 @@ async fn a_refused_call_charges_no_rule_on_redis() {
 /// (and a third, per-user token bucket, on `three`): exactly 30 pass, and
 /// every rule has its count less the passes left.
 async fn exact_under_tasks(limiter: &RateLimiter, tag: &str, three: bool) {
+    under_tasks(limiter, tag, three, true).await;
+}
+
+/// [`exact_under_tasks`]; unless `exact`, at most 30 pass (a set taken
+/// master by master may be refused by units another set then gives back),
+/// and still every rule has its count less the passes left.
+async fn under_tasks(limiter: &RateLimiter, tag: &str, three: bool, exact: bool) {
     let global = Rule::fixed_window(30, MINUTE);
     let per_user = Rule::fixed_window(10, MINUTE);
     let bucket = Rule::token_bucket(12, Duration::from_secs(3600));
@@ -146,8 +153,16 @@ async fn exact_under_tasks(limiter: &RateLimiter, tag: &str, three: bool) {
         *by_user.entry(user).or_insert(0u64) += u64::from(passed);
     }
     let total: u64 = by_user.values().sum();
-    assert_eq!(total, 30, "{tag}: {by_user:?}");
-    assert_eq!(left(&limiter, &global, &global_key).await, 0, "{tag}");
+    if exact {
+        assert_eq!(total, 30, "{tag}: {by_user:?}");
+    } else {
+        assert!(total <= 30, "{tag}: {by_user:?}");
+    }
+    assert_eq!(
+        left(&limiter, &global, &global_key).await,
+        30 - total,
+        "{tag}"
+    );
     for user in users {
         let passed = by_user.get(user).copied().unwrap_or(0);
         assert!(passed <= 10, "{tag}: {user} passed {passed}");
@@ -183,17 +198,19 @@ async fn sets_are_exact_under_concurrent_tasks_on_redis() {
     subject.assert_ttls();
 }
 
-/// On a 3-master cluster: keys of one slot (a hash tag), and keys spread
-/// over the masters (taken one slot after another, given back on a
-/// refusal) both pass the scenarios and are exact under tasks.
+/// On a 3-master cluster: keys of one slot (a hash tag) are one atomic
+/// call, exact under tasks; keys spread over the masters (taken one slot
+/// after another, given back on a refusal) pass the scenarios, never pass
+/// more than the rules allow, and leave no unit taken by a refused call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sets_are_exact_on_a_cluster() {
     let subject = Subject::cluster(RedisCluster::start()).await;
     scenarios(&subject.limiter, "spread").await;
     scenarios(&subject.limiter, "{tagged}").await;
-    exact_under_tasks(&subject.limiter, "two", false).await;
-    exact_under_tasks(&subject.limiter, "three", true).await;
-    exact_under_tasks(&subject.limiter, "{one}", true).await;
+    exact_under_tasks(&subject.limiter, "{two}", false).await;
+    exact_under_tasks(&subject.limiter, "{three}", true).await;
+    under_tasks(&subject.limiter, "spread-two", false, false).await;
+    under_tasks(&subject.limiter, "spread-three", true, false).await;
     subject.assert_ttls();
 }
 
