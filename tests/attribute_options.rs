@@ -25,7 +25,10 @@ async fn stacked_rules_are_one_decision() {
     let limiter = RateLimiter::global();
     let first = limiter.peek_named("stack-a", "").await.unwrap();
     assert!(first.allowed);
-    assert_eq!(first.remaining, 0, "one unit taken, one left for the next call");
+    assert_eq!(
+        first.remaining, 0,
+        "one unit taken, one left for the next call"
+    );
 }
 
 #[rate_limit(key = "shadow", count = 1, period = 60, shadow)]

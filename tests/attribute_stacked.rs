@@ -8,13 +8,23 @@ use ratelimit_runtime::{RateLimited, RateLimiter, rate_limit};
 use ratelimit_test_support::RedisServer;
 
 #[rate_limit(key = "m-user-first", by = arg(user), count = 5, period = 60, limiter = "memory")]
-#[rate_limit(key = "m-user-first-global", count = 3, period = 60, limiter = "memory")]
+#[rate_limit(
+    key = "m-user-first-global",
+    count = 3,
+    period = 60,
+    limiter = "memory"
+)]
 async fn memory_user_first(user: &str) -> Result<(), RateLimited> {
     let _ = user;
     Ok(())
 }
 
-#[rate_limit(key = "m-global-first-global", count = 3, period = 60, limiter = "memory")]
+#[rate_limit(
+    key = "m-global-first-global",
+    count = 3,
+    period = 60,
+    limiter = "memory"
+)]
 #[rate_limit(key = "m-global-first", by = arg(user), count = 5, period = 60, limiter = "memory")]
 async fn memory_global_first(user: &str) -> Result<(), RateLimited> {
     let _ = user;
@@ -28,7 +38,12 @@ async fn redis_user_first(user: &str) -> Result<(), RateLimited> {
     Ok(())
 }
 
-#[rate_limit(key = "r-global-first-global", count = 3, period = 60, limiter = "redis")]
+#[rate_limit(
+    key = "r-global-first-global",
+    count = 3,
+    period = 60,
+    limiter = "redis"
+)]
 #[rate_limit(key = "r-global-first", by = arg(user), count = 5, period = 60, limiter = "redis")]
 async fn redis_global_first(user: &str) -> Result<(), RateLimited> {
     let _ = user;

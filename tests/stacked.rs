@@ -224,13 +224,20 @@ async fn leases_only_when_the_set_passes(limiter: &RateLimiter, tag: &str) {
         (&in_flight, lease_key.as_str(), 1),
         (&per_minute, window_key.as_str(), 1),
     ];
-    assert!(limiter.check_all(&set).await.is_err(), "check_all needs permits");
+    assert!(
+        limiter.check_all(&set).await.is_err(),
+        "check_all needs permits"
+    );
     let first = limiter.acquire_all(&set).await.unwrap();
     let second = limiter.acquire_all(&set).await.unwrap();
     assert!(first.allowed() && second.allowed());
     let third = limiter.acquire_all(&set).await.unwrap();
     assert_eq!(third.refused(), Some(0), "two in flight");
-    assert_eq!(left(limiter, &per_minute, &window_key).await, 1, "not charged");
+    assert_eq!(
+        left(limiter, &per_minute, &window_key).await,
+        1,
+        "not charged"
+    );
     first.release_all().await;
     let fourth = limiter.acquire_all(&set).await.unwrap();
     assert!(fourth.allowed(), "a lease was released");
@@ -245,7 +252,11 @@ async fn leases_only_when_the_set_passes(limiter: &RateLimiter, tag: &str) {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(left(limiter, &in_flight, &lease_key).await, 2, "no lease held");
+    assert_eq!(
+        left(limiter, &in_flight, &lease_key).await,
+        2,
+        "no lease held"
+    );
 }
 
 #[tokio::test]

@@ -22,10 +22,10 @@ pub use builder::RateLimiterBuilder;
 pub use permit::Permit;
 pub use stacked::{Permits, Verdict};
 
-use crate::backend::{Backend, RuleCheck};
 use crate::backend::memory::MemoryBackend;
 #[cfg(feature = "redis")]
 use crate::backend::redis::RedisBackend;
+use crate::backend::{Backend, RuleCheck};
 use crate::clock::Clock;
 use crate::decision::{Charge, Decision};
 use crate::error::{Error, OnError};

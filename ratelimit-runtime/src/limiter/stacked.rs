@@ -282,7 +282,10 @@ impl Store {
                         "a custom backend's check_all answered another number of decisions",
                     ));
                 }
-                Ok(Some((decisions.into_iter().map(|d| (d, None)).collect(), false)))
+                Ok(Some((
+                    decisions.into_iter().map(|d| (d, None)).collect(),
+                    false,
+                )))
             }
         }
     }

@@ -221,7 +221,12 @@ impl Library {
                 "\nend}\n"
             });
         };
-        register(&function, "spread, whole = false, false\n", BATCH_DRIVER, "");
+        register(
+            &function,
+            "spread, whole = false, false\n",
+            BATCH_DRIVER,
+            "",
+        );
         register(&one, "", ONE_DRIVER, "");
         let node_prologue = ["whole = false\n", NODE_PROLOGUE].concat();
         register(

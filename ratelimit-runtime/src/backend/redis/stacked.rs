@@ -68,12 +68,16 @@ impl RedisBackend {
         let keys: Vec<StoredKey> = checks.iter().map(|c| StoredKey::new(c.key)).collect();
         let groups = self.groups(&keys);
         let mut ran: Vec<Option<(Outcome, Option<u64>)>> = vec![None; checks.len()];
+        let mut taken = vec![false; checks.len()];
         let mut failed = None;
         for group in &groups {
             match self.send_whole(group, &keys, &calls).await {
                 Ok((outcomes, now)) => {
+                    // A group is all or nothing: a refused one took nothing.
+                    let passed = outcomes.iter().all(|o| o.allowed);
                     for (&i, outcome) in group.members.iter().zip(outcomes) {
                         ran[i] = Some((outcome, now));
+                        taken[i] = passed;
                     }
                 }
                 Err(error) => {
@@ -88,10 +92,11 @@ impl RedisBackend {
         if groups.len() > 1 && (refused || failed.is_some()) {
             let jobs: Vec<Job> = ran
                 .iter()
+                .zip(&taken)
                 .zip(keys.iter().zip(&calls))
-                .filter_map(|(ran, (key, call))| {
+                .filter_map(|((ran, &taken), (key, call))| {
                     let (outcome, now) = ran.as_ref()?;
-                    if !outcome.allowed {
+                    if !taken {
                         return None;
                     }
                     super::give_back::give_back_of(key, call, outcome, *now)
@@ -118,7 +123,12 @@ impl RedisBackend {
                 let stamp = now
                     .filter(|_| outcome.allowed && !spec(check.rule.algorithm()).leases)
                     .map(|now| {
-                        algorithm::stamp(check.rule.algorithm(), check.rule.period_us(), now, &outcome)
+                        algorithm::stamp(
+                            check.rule.algorithm(),
+                            check.rule.period_us(),
+                            now,
+                            &outcome,
+                        )
                     });
                 (outcome.decision(check.rule), stamp)
             })
@@ -144,7 +154,10 @@ impl RedisBackend {
                 cross_slot: false,
             }];
         }
-        let functions = self.conn.functions.load(std::sync::atomic::Ordering::Relaxed);
+        let functions = self
+            .conn
+            .functions
+            .load(std::sync::atomic::Ordering::Relaxed);
         if functions && let Some(map) = self.conn.slot_map() {
             let masters: Vec<Option<u16>> =
                 keys.iter().map(|k| map.master_of(k.as_bytes())).collect();
