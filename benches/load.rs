@@ -629,13 +629,12 @@ fn main() {
             let contenders = [
                 Contender::Ours {
                     name: "ratelimit-cluster",
-                    limiter: connect(RateLimiter::builder().redis_cluster(urls.clone())).await,
+                    limiter: connect(RateLimiter::builder().redis(urls.clone())).await,
                     sent: OURS,
                 },
                 Contender::Ours {
                     name: "ratelimit-cluster-per-call",
-                    limiter: connect(RateLimiter::builder().redis_cluster(urls).coalesce(false))
-                        .await,
+                    limiter: connect(RateLimiter::builder().redis(urls).coalesce(false)).await,
                     sent: OURS,
                 },
             ];

@@ -15,12 +15,15 @@
 //! One JSON line each: `{"turns", "ns_per_turn", "runs"}`, the median and
 //! every round's.
 //!
-//! `cargo bench -p ratelimit-benches --bench threads -- --versus [--rounds 11]`
+//! `cargo bench -p ratelimit-benches --bench threads -- --versus [--rounds 11] [--shapes]`
 //! measures instead one thread's check over the 100k keys against
 //! governor's, side by side: each round runs ours then governor's over
-//! every key once, in fill order and in one fixed random order. One JSON line per algorithm and order:
-//! `{"versus": "governor", "algorithm", "order", "ours_ns", "governor_ns",
-//! "ratio", "ratios"}`, the medians of the rounds and every round's ratio.
+//! every key once, in fill order and in one fixed random order; with
+//! `--shapes`, for each shape of key in turn (`common::SHAPES`: short keys,
+//! IPv4, IPv6 /64 and header digests as well). One JSON line per algorithm
+//! and order: `{"versus": "governor", "algorithm", "order", "ours_ns",
+//! "governor_ns", "ratio", "ratios", "shape"}`, the medians of the rounds
+//! and every round's ratio.
 //!
 //! Criterion's two rows of an algorithm run seconds apart, and on these two
 //! shared cores a row on two threads needs both cores for its whole length:
@@ -40,7 +43,7 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{KEYS, LASTING, governor, keys, ours, ours_for, rule, shuffled};
+use common::{KEYS, LASTING, SHAPES, governor, keys, keys_of, ours, ours_for, rule, shuffled};
 use ratelimit_runtime::{Algorithm, RateLimited, RateLimiter, Rule, rate_limit};
 use ratelimit_test_support::ready;
 
@@ -144,8 +147,15 @@ fn sweep(keys: &[String], order: &[usize], check: &impl Fn(&String)) -> f64 {
 }
 
 /// `--versus`: see the top of this file.
-fn versus_main(rounds: usize) {
-    let keys = keys();
+fn versus_main(rounds: usize, shapes: &[&str]) {
+    for shape in shapes {
+        versus_shape(rounds, shape);
+    }
+}
+
+/// `--versus` over keys of one shape.
+fn versus_shape(rounds: usize, shape: &str) {
+    let keys = keys_of(shape);
     let fill: Vec<usize> = (0..KEYS).collect();
     let random = shuffled(KEYS);
     let gov = governor();
@@ -153,7 +163,7 @@ fn versus_main(rounds: usize) {
         std::hint::black_box(gov.check_key(key).is_ok());
     };
     for algorithm in LASTING {
-        let (store, limiter) = ours_for("versus", algorithm);
+        let (store, limiter) = ours_for(&format!("versus-{shape}"), algorithm);
         let rule = rule(algorithm, true);
         let ours = |key: &String| ours(&store, &limiter, &rule, key);
         for (name, order) in [("fill", &fill), ("random", &random)] {
@@ -176,7 +186,8 @@ fn versus_main(rounds: usize) {
             let all: Vec<String> = ratios.iter().map(|r| format!("{r:.3}")).collect();
             println!(
                 "{{\"versus\":\"governor\",\"algorithm\":\"{}\",\"order\":\"{name}\",\
-                 \"ours_ns\":{:.1},\"governor_ns\":{:.1},\"ratio\":{:.3},\"ratios\":[{}]}}",
+                 \"ours_ns\":{:.1},\"governor_ns\":{:.1},\"ratio\":{:.3},\"ratios\":[{}],\
+                 \"shape\":\"{shape}\"}}",
                 algorithm.name(),
                 median(mine),
                 median(theirs),
@@ -252,6 +263,7 @@ fn turns_main(rounds: usize) {
 
 fn main() {
     let (mut rounds, mut checks, mut turns, mut versus) = (None, 1_000_000, false, false);
+    let mut shapes: &[&str] = &SHAPES[..1];
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| -> usize {
@@ -263,17 +275,20 @@ fn main() {
             "--rounds" => rounds = Some(value("--rounds").max(1)),
             "--turns" => turns = true,
             "--versus" => versus = true,
+            "--shapes" => shapes = &SHAPES,
             "--checks" => checks = value("--checks").max(2),
             // What `cargo bench` passes to every bench.
             "--bench" => {}
-            other => panic!("unknown argument {other}: --rounds N, --checks N, --turns, --versus"),
+            other => panic!(
+                "unknown argument {other}: --rounds N, --checks N, --turns, --versus [--shapes]"
+            ),
         }
     }
     if turns {
         return turns_main(rounds.unwrap_or(5));
     }
     if versus {
-        return versus_main(rounds.unwrap_or(11));
+        return versus_main(rounds.unwrap_or(11), shapes);
     }
     let rounds = rounds.unwrap_or(21);
     let keys = keys();

@@ -19,6 +19,7 @@ use common::{
     EPOCH_US, Subject, XorShift, count_pass_then_refused_then_budget_returns, redis_backend,
     redis_backend_without_functions, same_decisions,
 };
+use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::memory::MemoryBackend;
 use ratelimit_runtime::{Algorithm, ManualClock, RateLimiter, Rule};
 use ratelimit_test_support::RedisServer;

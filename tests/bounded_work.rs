@@ -8,6 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{EPOCH_US, redis_backend};
+use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::memory::MemoryBackend;
 use ratelimit_runtime::{ManualClock, Rule};
 use ratelimit_test_support::RedisServer;

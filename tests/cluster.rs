@@ -7,6 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Subject, count_pass_then_refused_then_budget_returns, same_decisions};
+use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Algorithm, Backend, OnError, RateLimiter, Rule};
 use ratelimit_test_support::{RedisCluster, first_ok};
@@ -16,7 +17,7 @@ async fn cluster_backend(cluster: &RedisCluster) -> RedisBackend {
         timeout: Duration::from_secs(1),
         ..ConnectOptions::default()
     };
-    RedisBackend::open_cluster(&cluster.urls(), options)
+    RedisBackend::connect(cluster.urls(), options)
         .await
         .expect("connecting to the test cluster")
 }
@@ -39,7 +40,7 @@ async fn every_algorithm_passes_its_scenario_and_equals_memory_on_a_cluster() {
 async fn keys_of_different_subjects_spread_over_every_master() {
     let cluster = RedisCluster::start();
     let limiter = RateLimiter::builder()
-        .redis_cluster(cluster.urls())
+        .redis(cluster.urls())
         .timeout(Duration::from_secs(2))
         .build()
         .await
@@ -76,7 +77,7 @@ async fn the_limiter_follows_a_master_failover() {
     let mut cluster = RedisCluster::start();
     let redis = cluster_backend(&cluster).await;
     let limiter = RateLimiter::builder()
-        .redis_cluster(cluster.urls())
+        .redis(cluster.urls())
         .timeout(Duration::from_millis(500))
         .probe_interval(Duration::from_millis(100))
         .build()
@@ -131,7 +132,7 @@ async fn the_limiter_follows_a_master_failover() {
 fn a_cluster_limiter_outlives_the_runtime_it_was_built_on() {
     let cluster = RedisCluster::start();
     let builder = RateLimiter::builder()
-        .redis_cluster(cluster.urls())
+        .redis(cluster.urls())
         .timeout(Duration::from_secs(2))
         .probe_interval(Duration::from_millis(100))
         .on_backend_error(OnError::Deny);
@@ -143,9 +144,9 @@ fn a_cluster_limiter_outlives_the_runtime_it_was_built_on() {
 /// `.redis(url)` pointed at a cluster node worked while checks went one at
 /// a time, and once load rose, coalesced batches of keys of different slots
 /// failed with CROSSSLOT (to the failure policy). Cluster mode is now found
-/// at connect: `build()` fails and says to use `redis_cluster`.
+/// at connect: `build()` fails and asks for the list of the cluster's nodes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_node_behind_redis_url_fails_build_and_names_redis_cluster() {
+async fn a_cluster_node_behind_one_url_fails_build_and_asks_for_its_nodes() {
     let cluster = RedisCluster::start();
     let node = cluster.urls()[0].clone();
     let error = RateLimiter::builder()
@@ -155,7 +156,7 @@ async fn a_cluster_node_behind_redis_url_fails_build_and_names_redis_cluster() {
         .await
         .expect_err("a cluster node is not a single server");
     let message = error.to_string();
-    assert!(message.contains("redis_cluster"), "{message}");
+    assert!(message.contains("list of its nodes"), "{message}");
     assert!(
         matches!(error, ratelimit_runtime::Error::Config(_)),
         "{error:?}"
@@ -218,7 +219,7 @@ async fn a_paused_master_counts_only_the_checks_it_answered_in_time() {
         timeout: Duration::from_millis(50),
         ..ConnectOptions::default()
     };
-    let redis = RedisBackend::open_cluster(&cluster.urls(), options)
+    let redis = RedisBackend::connect(cluster.urls(), options)
         .await
         .unwrap();
     let rule = Rule::fixed_window(1_000_000, Duration::from_secs(60));
@@ -325,7 +326,7 @@ async fn without_functions_each_cluster_check_is_its_own_call() {
         functions: false,
         ..ConnectOptions::default()
     };
-    let redis = RedisBackend::open_cluster(&cluster.urls(), options)
+    let redis = RedisBackend::connect(cluster.urls(), options)
         .await
         .expect("connecting to the test cluster")
         .batch_every_check();

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{RateLimiter, Rule};
 use ratelimit_test_support::{RedisServer, first_ok};
@@ -207,7 +208,7 @@ async fn batching(url: &str, functions: bool) -> RedisBackend {
         functions,
         ..patient()
     };
-    RedisBackend::open(url, options)
+    RedisBackend::connect(url, options)
         .await
         .unwrap()
         .batch_every_check()
@@ -370,12 +371,14 @@ async fn without_functions_batches_go_by_evalsha() {
 async fn calls_alone_go_by_the_library_or_by_their_scripts() {
     use ratelimit_runtime::Backend as _;
     let server = RedisServer::start();
-    let with_functions = RedisBackend::open(&server.url(), patient()).await.unwrap();
+    let with_functions = RedisBackend::connect(&server.url(), patient())
+        .await
+        .unwrap();
     let without = ConnectOptions {
         functions: false,
         ..patient()
     };
-    let scripts_only = RedisBackend::open(&server.url(), without).await.unwrap();
+    let scripts_only = RedisBackend::connect(&server.url(), without).await.unwrap();
     for (name, redis, by, flush) in [
         ("library", &with_functions, "fcall", "FUNCTION"),
         ("scripts", &scripts_only, "evalsha", "SCRIPT"),
@@ -505,9 +508,11 @@ async fn a_release_on_another_algorithms_state_gives_back_nothing_and_fails_noth
         coalesce: false,
         ..patient()
     };
-    let alone = RedisBackend::open(&server.url(), options).await.unwrap();
+    let alone = RedisBackend::connect(&server.url(), options).await.unwrap();
     let batched = batching(&server.url(), true).await;
-    let library = RedisBackend::open(&server.url(), patient()).await.unwrap();
+    let library = RedisBackend::connect(&server.url(), patient())
+        .await
+        .unwrap();
     for (name, redis) in [
         ("alone", &alone),
         ("batched", &batched),

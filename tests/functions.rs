@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Backend, Rule};
 use ratelimit_test_support::{RedisCluster, RedisServer, acl_server, first_ok};
@@ -41,7 +42,7 @@ async fn as_limiter(server: &RedisServer) -> RedisBackend {
         timeout: Duration::from_secs(2),
         ..ConnectOptions::default()
     };
-    RedisBackend::open(&url, options).await.unwrap()
+    RedisBackend::connect(&url, options).await.unwrap()
 }
 
 /// The units a fixed window's state holds.
@@ -167,7 +168,7 @@ async fn a_cluster_master_that_lost_its_library_fails_no_batch() {
         timeout: Duration::from_secs(2),
         ..ConnectOptions::default()
     };
-    let redis = RedisBackend::open_cluster(&cluster.urls(), options)
+    let redis = RedisBackend::connect(cluster.urls(), options)
         .await
         .unwrap()
         .batch_every_check();
@@ -262,7 +263,7 @@ async fn a_server_without_fcall_is_served_by_scripts() {
     };
     let client = redis::Client::open(server.url()).unwrap();
     let manager = client.get_connection_manager().await.unwrap();
-    let redis = RedisBackend::from_connection_manager(manager.clone(), options)
+    let redis = RedisBackend::connect(manager.clone(), options)
         .await
         .unwrap();
     let rule = Rule::fixed_window(1_000, Duration::from_secs(60));
@@ -318,7 +319,7 @@ async fn fcall_revoked_on_a_cluster_fails_no_batch() {
         timeout: Duration::from_secs(2),
         ..ConnectOptions::default()
     };
-    let alone = RedisBackend::open_cluster(&cluster.urls(), options)
+    let alone = RedisBackend::connect(cluster.urls(), options)
         .await
         .unwrap();
     let batched = alone.clone().batch_every_check();
@@ -417,7 +418,7 @@ async fn the_master_that_lost_its_library_gets_it_again() {
         timeout: Duration::from_secs(2),
         ..ConnectOptions::default()
     };
-    let redis = RedisBackend::open_cluster(&cluster.urls(), options)
+    let redis = RedisBackend::connect(cluster.urls(), options)
         .await
         .unwrap();
     let rule = Rule::fixed_window(1_000, Duration::from_secs(60));

@@ -10,9 +10,10 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use ratelimit_runtime::backend::redis::RedisBackend;
+use ratelimit_runtime::__testing::RedisTestHooks;
+use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Algorithm, Backend, ManualClock, OnError, RateLimiter, Rule};
-use ratelimit_test_support::{Proxy, RedisServer, first_ok};
+use ratelimit_test_support::{Proxy, RedisCluster, RedisServer, first_ok};
 
 /// How long the proxy holds a reply back: past the deadline (100 ms) and a
 /// second-long window, within the two seconds a late answer is waited for.
@@ -22,9 +23,16 @@ const HELD: Duration = Duration::from_millis(1800);
 /// first call (the connection, the library, the server's time).
 async fn through(proxy: &Proxy, timeout: Duration) -> RedisBackend {
     let url = format!("redis://127.0.0.1:{}/", proxy.port());
-    let redis = RedisBackend::connect_with(&url, timeout, Duration::from_secs(2))
-        .await
-        .unwrap();
+    let redis = RedisBackend::connect(
+        &url,
+        ConnectOptions {
+            timeout,
+            connect_timeout: Duration::from_secs(2),
+            ..ConnectOptions::default()
+        },
+    )
+    .await
+    .unwrap();
     let warm = Rule::fixed_window(10, Duration::from_secs(60));
     assert!(redis.check(&warm, "limiter:warm", 1).await.unwrap().allowed);
     redis
@@ -32,10 +40,13 @@ async fn through(proxy: &Proxy, timeout: Duration) -> RedisBackend {
 
 /// Another instance, straight to the server.
 async fn direct(server: &RedisServer) -> RedisBackend {
-    RedisBackend::connect_with(
+    RedisBackend::connect(
         &server.url(),
-        Duration::from_secs(2),
-        Duration::from_secs(2),
+        ConnectOptions {
+            timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(2),
+            ..ConnectOptions::default()
+        },
     )
     .await
     .unwrap()
@@ -204,44 +215,134 @@ async fn a_late_give_back_of_a_sliding_log_takes_its_own_entry() {
     assert!(!third.allowed, "three calls within six seconds: {third:?}");
 }
 
-/// A caller that goes away (an outer timeout) while its call goes alone:
-/// the call's future was dropped with it, and what Redis granted (a lease,
-/// a counted check) stayed held, the lease for its whole period. It is now
-/// given back once the answer comes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn what_redis_granted_a_caller_that_left_is_given_back() {
-    let server = RedisServer::start();
-    let proxy = Proxy::start(server.port());
-    let url = format!("redis://127.0.0.1:{}/", proxy.port());
-    let limiter = RateLimiter::builder()
-        .redis(url)
+/// How long the proxy holds back the reply to a call whose caller leaves:
+/// long enough to see that Redis ran it before its answer comes, within
+/// the check's deadline (2 s).
+const LEFT_HELD: Duration = Duration::from_millis(1000);
+
+/// The rules a caller leaves a call of: a lease, a counted check, a bucket's
+/// token, a logged call, each of one.
+fn left_rules() -> [Rule; 4] {
+    [
+        Rule::concurrency(1, Duration::from_secs(60)),
+        Rule::fixed_window(1, Duration::from_secs(60)),
+        Rule::token_bucket(1, Duration::from_secs(60)),
+        Rule::sliding_log(1, Duration::from_secs(60)),
+    ]
+}
+
+/// A limiter built by `builder` (its Redis reached through a proxy), with
+/// checks of 2 s, that has made a first call of `warm` (the connection, the
+/// library, the server's time) and has nothing on its way since: its next
+/// call goes alone.
+async fn idle_limiter(builder: ratelimit_runtime::RateLimiterBuilder, warm: &str) -> RateLimiter {
+    let limiter = builder
         .timeout(Duration::from_secs(2))
         .on_backend_error(OnError::Deny)
         .build()
         .await
         .unwrap();
-    let warm = Rule::fixed_window(10, Duration::from_secs(60));
-    assert!(limiter.check(&warm, "limiter:warm").await.unwrap().allowed);
-    let other = direct(&server).await;
-    for rule in [
-        Rule::concurrency(1, Duration::from_secs(60)),
-        Rule::fixed_window(1, Duration::from_secs(60)),
-    ] {
-        let key = format!("limiter:left:{:?}", rule.algorithm());
-        proxy.delay_reply_to(key.as_bytes(), Duration::from_millis(500));
-        let left =
-            tokio::time::timeout(Duration::from_millis(50), limiter.acquire(&rule, &key, 1)).await;
-        assert!(left.is_err(), "the caller went away");
-        first_ok("still held", Duration::from_millis(50), || async {
-            let next = other.peek(&rule, &key).await.unwrap();
-            if next.allowed {
-                Ok(())
-            } else {
-                Err(format!("{next:?}"))
-            }
-        })
-        .await;
+    let rule = Rule::fixed_window(10, Duration::from_secs(60));
+    assert!(limiter.check(&rule, warm).await.unwrap().allowed);
+    limiter
+}
+
+/// A call of `rule` on `key` whose caller goes away (an outer timeout)
+/// while the proxy holds its reply back: Redis ran it (`other` sees its
+/// unit taken before the answer comes). Then whether what Redis granted is
+/// given back once the answer comes: `Err` with what `other` still sees if
+/// not within 5 s of the call.
+async fn left_and_given_back(
+    limiter: &RateLimiter,
+    proxy: &Proxy,
+    other: &RedisBackend,
+    rule: &Rule,
+    key: &str,
+) -> Result<(), String> {
+    proxy.delay_reply_to(key.as_bytes(), LEFT_HELD);
+    let sent = Instant::now();
+    let left = tokio::time::timeout(Duration::from_millis(50), limiter.acquire(rule, key, 1)).await;
+    assert!(left.is_err(), "{rule:?}: the caller went away");
+    first_ok("it never ran", Duration::from_millis(10), || async {
+        let next = other.peek(rule, key).await.unwrap();
+        if next.allowed {
+            Err(format!("{rule:?}: {next:?}"))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    loop {
+        let next = other.peek(rule, key).await.unwrap();
+        if next.allowed {
+            return Ok(());
+        }
+        if sent.elapsed() > Duration::from_secs(5) {
+            return Err(format!("still held: {rule:?}: {next:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A caller that goes away (an outer timeout) while its call goes alone
+/// (a limiter with nothing else on its way, with coalescing or without):
+/// the call's future was dropped with it, and what Redis granted (a lease,
+/// a counted check, a token, a logged call) stayed held, the lease for its
+/// whole period. It is now given back once the answer comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_redis_granted_a_caller_that_left_is_given_back() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let url = format!("redis://127.0.0.1:{}/", proxy.port());
+    let other = direct(&server).await;
+    let mut held = Vec::new();
+    for coalesce in [true, false] {
+        for rule in left_rules() {
+            // A limiter of its own: no give-back of an earlier round is
+            // on its way, so the call goes alone.
+            let builder = RateLimiter::builder().redis(url.clone()).coalesce(coalesce);
+            let limiter = idle_limiter(builder, "limiter:warm").await;
+            let key = format!("limiter:left:{coalesce}:{:?}", rule.algorithm());
+            held.extend(
+                left_and_given_back(&limiter, &proxy, &other, &rule, &key)
+                    .await
+                    .err(),
+            );
+        }
+    }
+    assert!(held.is_empty(), "{held:#?}");
+}
+
+/// The same on a cluster of three masters, the master of the keys behind
+/// the proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_redis_granted_a_caller_that_left_is_given_back_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let master = cluster.master_for("limiter:{left}:warm");
+    let proxy = Proxy::start(master);
+    cluster.announce(master, proxy.port());
+    let other = RedisBackend::connect(
+        cluster.urls(),
+        ConnectOptions {
+            timeout: Duration::from_secs(2),
+            ..ConnectOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut held = Vec::new();
+    for rule in left_rules() {
+        let builder = RateLimiter::builder().redis(cluster.urls());
+        let limiter = idle_limiter(builder, "limiter:{left}:warm").await;
+        // The same slot as the warm key's (its hash tag).
+        let key = format!("limiter:{{left}}:{:?}", rule.algorithm());
+        held.extend(
+            left_and_given_back(&limiter, &proxy, &other, &rule, &key)
+                .await
+                .err(),
+        );
+    }
+    assert!(held.is_empty(), "{held:#?}");
 }
 
 /// A caller that goes away after its answer was handed to it, before it

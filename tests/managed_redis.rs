@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
+use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend, RedisTarget};
 use ratelimit_runtime::{Backend, Error, OnError, RateLimiter, Rule};
 use ratelimit_test_support::{
     MASTER_NAME, RedisCluster, RedisServer, SentinelSet, TestCa, TlsServer, acl_server, first_ok,
@@ -81,6 +81,20 @@ async fn an_acl_user_counts_and_a_wrong_password_fails_build_clearly() {
     }
 }
 
+/// A Sentinel client of the test's own (`SentinelClient`, the way to give
+/// the master's password, database or TLS) for the master of `set`.
+fn sentinel_client(set: &SentinelSet) -> redis::sentinel::SentinelClient {
+    redis::sentinel::SentinelClient::build(
+        set.sentinel_urls(),
+        MASTER_NAME,
+        None,
+        redis::sentinel::SentinelServerType::Master,
+    )
+    .unwrap()
+}
+
+/// Both ways to name Sentinels: the backend by `RedisTarget::sentinel`, the
+/// limiter by a `SentinelClient`; each follows the failover.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinels_fail_over_and_the_limiter_follows_the_new_master() {
     let mut set = SentinelSet::start();
@@ -89,11 +103,14 @@ async fn sentinels_fail_over_and_the_limiter_follows_the_new_master() {
         timeout: Duration::from_millis(500),
         ..ConnectOptions::default()
     };
-    let redis = RedisBackend::open_sentinel(MASTER_NAME, &set.sentinel_urls(), options)
-        .await
-        .unwrap();
+    let redis = RedisBackend::connect(
+        RedisTarget::sentinel(MASTER_NAME, set.sentinel_urls()),
+        options,
+    )
+    .await
+    .unwrap();
     let limiter = builder()
-        .redis_sentinel(MASTER_NAME, set.sentinel_urls())
+        .redis(sentinel_client(&set))
         .timeout(Duration::from_millis(500))
         .probe_interval(Duration::from_millis(100))
         .build()
@@ -140,19 +157,11 @@ async fn sentinels_fail_over_and_the_limiter_follows_the_new_master() {
 async fn a_client_connection_manager_or_cluster_client_of_your_own() {
     let server = RedisServer::start();
     let client = redis::Client::open(server.url()).unwrap();
-    let from_client = builder()
-        .redis_client(client.clone())
-        .build()
-        .await
-        .unwrap();
+    let from_client = builder().redis(client.clone()).build().await.unwrap();
     counts(&from_client, "limiter:own-client").await;
 
     let manager = client.get_connection_manager().await.unwrap();
-    let from_manager = builder()
-        .redis_connection_manager(manager)
-        .build()
-        .await
-        .unwrap();
+    let from_manager = builder().redis(manager).build().await.unwrap();
     counts(&from_manager, "limiter:own-manager").await;
 
     let cluster = RedisCluster::start();
@@ -160,16 +169,71 @@ async fn a_client_connection_manager_or_cluster_client_of_your_own() {
         .retries(0)
         .build()
         .unwrap();
-    let from_cluster = builder()
-        .redis_cluster_client(cluster_client)
-        .build()
-        .await
-        .unwrap();
+    let from_cluster = builder().redis(cluster_client).build().await.unwrap();
     counts(&from_cluster, "limiter:own-cluster").await;
 }
 
-/// A Redis Cluster over TLS (`rediss://` nodes, a private authority): the
-/// limiter learns the nodes' TLS endpoints and counts on them.
+/// Every spelling of a list of a cluster's nodes (an array, a slice, a
+/// `Vec`, references to them) reaches the cluster, and one URL (`&str`,
+/// `&String`) one server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_spelling_of_a_url_or_a_node_list_connects() {
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls();
+    let array = builder()
+        .redis([urls[0].as_str(), urls[1].as_str()])
+        .build()
+        .await
+        .unwrap();
+    counts(&array, "limiter:nodes-array").await;
+    let slice = builder().redis(&urls[..]).build().await.unwrap();
+    counts(&slice, "limiter:nodes-slice").await;
+    let vec_ref = builder().redis(&urls).build().await.unwrap();
+    counts(&vec_ref, "limiter:nodes-vec-ref").await;
+    let array_ref = builder()
+        .redis(&[urls[1].clone(), urls[2].clone()])
+        .build()
+        .await
+        .unwrap();
+    counts(&array_ref, "limiter:nodes-array-ref").await;
+    let options = ConnectOptions {
+        timeout: Duration::from_secs(2),
+        ..ConnectOptions::default()
+    };
+    let backend = RedisBackend::connect(urls.clone(), options).await.unwrap();
+    let decision = backend.check(&RULE, "limiter:nodes-vec", 1).await.unwrap();
+    assert_eq!(decision.remaining, 9);
+    for key in [
+        "limiter:nodes-array",
+        "limiter:nodes-slice",
+        "limiter:nodes-vec-ref",
+        "limiter:nodes-array-ref",
+        "limiter:nodes-vec",
+    ] {
+        assert_eq!(cluster.keys_with_pttl(key).len(), 1, "{key} in the cluster");
+    }
+
+    let server = RedisServer::start();
+    let url = server.url();
+    let by_str = builder().redis(url.as_str()).build().await.unwrap();
+    counts(&by_str, "limiter:url-str").await;
+    let by_ref = RedisBackend::connect(&url, options).await.unwrap();
+    assert_eq!(
+        by_ref
+            .check(&RULE, "limiter:url-ref", 1)
+            .await
+            .unwrap()
+            .remaining,
+        9
+    );
+    for key in ["limiter:url-str", "limiter:url-ref"] {
+        assert!(server.stored_state(key).is_some(), "{key} in the server");
+    }
+}
+
+/// A Redis Cluster over TLS (`rediss://` nodes, a private authority, given
+/// to the target itself): the limiter learns the nodes' TLS endpoints and
+/// counts on them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_over_tls_counts() {
     let ca = TestCa::new();
@@ -179,8 +243,7 @@ async fn a_cluster_over_tls_counts() {
         .map(|port| format!("rediss://127.0.0.1:{port}/"))
         .collect();
     let limiter = builder()
-        .redis_cluster(urls)
-        .tls_root_certificate(ca.ca_pem())
+        .redis(RedisTarget::from(urls).tls_root_certificate(ca.ca_pem()))
         .build()
         .await
         .expect("a TLS cluster connection");

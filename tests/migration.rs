@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Backend, Rule};
 use ratelimit_test_support::RedisCluster;
@@ -17,7 +18,7 @@ async fn cluster_backend(cluster: &RedisCluster) -> RedisBackend {
         timeout: Duration::from_secs(2),
         ..ConnectOptions::default()
     };
-    RedisBackend::open_cluster(&cluster.urls(), options)
+    RedisBackend::connect(cluster.urls(), options)
         .await
         .expect("connecting to the test cluster")
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Backend, Error, OnError, RateLimiter, Rule};
 use ratelimit_test_support::{RedisServer, first_ok};
@@ -267,7 +268,7 @@ async fn batching(url: &str, lazy: bool) -> RedisBackend {
         lazy,
         ..ConnectOptions::default()
     };
-    RedisBackend::open(url, options)
+    RedisBackend::connect(url, options)
         .await
         .expect("connecting to the test redis-server")
         .batch_every_check()
@@ -288,7 +289,7 @@ async fn a_paused_redis_fails_every_batched_check_by_its_deadline() {
         timeout: PAUSED_DEADLINE,
         ..ConnectOptions::default()
     };
-    let backend = RedisBackend::open(&server.url(), options)
+    let backend = RedisBackend::connect(&server.url(), options)
         .await
         .expect("connecting to the test redis-server")
         .batch_every_check();
@@ -719,7 +720,7 @@ fn batching_on(
         ..ConnectOptions::default()
     };
     let backend = runtime
-        .block_on(RedisBackend::open(&server.url(), options))
+        .block_on(RedisBackend::connect(&server.url(), options))
         .expect("connecting to the test redis-server")
         .batch_every_check();
     assert!(
@@ -747,9 +748,16 @@ async fn a_check_whose_reply_was_lost_is_counted_once() {
     let server = RedisServer::start();
     let proxy = ratelimit_test_support::Proxy::start(server.port());
     let url = format!("redis://127.0.0.1:{}/", proxy.port());
-    let redis = RedisBackend::connect_with(&url, Duration::from_secs(1), Duration::from_secs(1))
-        .await
-        .unwrap();
+    let redis = RedisBackend::connect(
+        &url,
+        ConnectOptions {
+            timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+            ..ConnectOptions::default()
+        },
+    )
+    .await
+    .unwrap();
     let rule = Rule::fixed_window(10, Duration::from_secs(60));
     let key = "limiter:lost-reply";
     let counted = || server.stored_state(key).expect("a fixed window").1[0];
@@ -777,10 +785,16 @@ async fn what_redis_allowed_after_its_caller_stopped_waiting_is_given_back() {
     let server = RedisServer::start();
     let proxy = ratelimit_test_support::Proxy::start(server.port());
     let url = format!("redis://127.0.0.1:{}/", proxy.port());
-    let redis =
-        RedisBackend::connect_with(&url, Duration::from_millis(100), Duration::from_secs(1))
-            .await
-            .unwrap();
+    let redis = RedisBackend::connect(
+        &url,
+        ConnectOptions {
+            timeout: Duration::from_millis(100),
+            connect_timeout: Duration::from_secs(1),
+            ..ConnectOptions::default()
+        },
+    )
+    .await
+    .unwrap();
     let window = Rule::fixed_window(10, Duration::from_secs(60));
     let leases = Rule::concurrency(2, Duration::from_secs(60));
     // A first call of each: the connection, the scripts, the server's time.

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Extension, Router};
+use ratelimit_runtime::backend::redis::RedisTarget;
 use ratelimit_runtime::{HttpOptions, RateLimiter, rate_limit};
 use ratelimit_test_support::{RedisServer, acl_server, free_port, http};
 
@@ -63,7 +64,7 @@ async fn builders_and_their_errors_show_no_password() {
     .await;
     fails_clean(
         "cluster nodes with different passwords",
-        redis().redis_cluster([
+        redis().redis([
             format!("redis://:{PASSWORD}@127.0.0.1:{closed}"),
             format!("redis://:other-{PASSWORD}@127.0.0.1:{closed}"),
         ]),
@@ -71,12 +72,15 @@ async fn builders_and_their_errors_show_no_password() {
     .await;
     fails_clean(
         "an unreachable cluster",
-        redis().redis_cluster([format!("redis://:{PASSWORD}@127.0.0.1:{closed}")]),
+        redis().redis([format!("redis://:{PASSWORD}@127.0.0.1:{closed}")]),
     )
     .await;
     fails_clean(
         "malformed Sentinel URLs",
-        redis().redis_sentinel("mymaster", [format!("redis://:{PASSWORD}@127.0.0.1:x")]),
+        redis().redis(RedisTarget::sentinel(
+            "mymaster",
+            [format!("redis://:{PASSWORD}@127.0.0.1:x")],
+        )),
     )
     .await;
     fails_clean(
@@ -88,11 +92,7 @@ async fn builders_and_their_errors_show_no_password() {
     .await;
     let client =
         redis::Client::open(format!("redis://user:{PASSWORD}@127.0.0.1:{closed}/")).unwrap();
-    fails_clean(
-        "a client of the application's",
-        redis().redis_client(client),
-    )
-    .await;
+    fails_clean("a client of the application's", redis().redis(client)).await;
 
     // Refused credentials: the wrong password is not echoed.
     let server = acl_server();

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{EPOCH_US, Subject, XorShift};
+use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::RuleCheck;
 use ratelimit_runtime::backend::memory::MemoryBackend;
 use ratelimit_runtime::{Algorithm, Backend, ManualClock, RateLimiter, Rule};

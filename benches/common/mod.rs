@@ -15,8 +15,44 @@ use ratelimit_test_support::ready;
 pub(crate) const KEYS: usize = 100_000;
 
 /// The bench's keys, `limiter:user:<i>`.
+#[allow(dead_code, reason = "the footprint bench takes a shape of keys")]
 pub(crate) fn keys() -> Vec<String> {
-    (0..KEYS).map(|i| format!("limiter:user:{i}")).collect()
+    keys_of("user")
+}
+
+/// The shapes of keys the footprint and `--versus` runs measure: `user`
+/// (`limiter:user:<i>`, the default), `short` (`k<i>`), and what the HTTP
+/// adapters make: `ipv4` (`limiter:api:ip:10.1.2.3`), `ipv6` (a /64,
+/// `limiter:api:ip:2001:db8:0:1f4::/64`) and `header` (a keyed digest,
+/// `limiter:api:header:x-api-key:#<32 hex digits>`).
+#[allow(dead_code, reason = "the memory bench uses the default keys only")]
+pub(crate) const SHAPES: [&str; 5] = ["user", "short", "ipv4", "ipv6", "header"];
+
+/// [`KEYS`] keys of `shape` (one of [`SHAPES`]), each distinct.
+pub(crate) fn keys_of(shape: &str) -> Vec<String> {
+    (0..KEYS as u32)
+        .map(|i| match shape {
+            "user" => format!("limiter:user:{i}"),
+            "short" => format!("k{i}"),
+            "ipv4" => format!(
+                "limiter:api:ip:10.{}.{}.{}",
+                i >> 16,
+                (i >> 8) & 255,
+                i & 255
+            ),
+            "ipv6" => format!(
+                "limiter:api:ip:2001:db8:{:x}:{:x}::/64",
+                i >> 16,
+                i & 0xffff
+            ),
+            "header" => {
+                // 32 hex digits, spread like a digest's.
+                let x = u128::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835);
+                format!("limiter:api:header:x-api-key:#{x:032x}")
+            }
+            other => panic!("unknown key shape {other}: one of {SHAPES:?}"),
+        })
+        .collect()
 }
 
 /// A rule that never refuses. Keys keep their state between visits, as

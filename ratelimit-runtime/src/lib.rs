@@ -78,7 +78,10 @@
 //! the algorithm's state machine (in Rust, or a Lua script in Redis).
 //! Nothing below the pipeline knows a web framework; [`http`] holds what
 //! every framework shares (client identity, header fields, the request
-//! flow of the middleware and the layer). Beside the pipeline, the registry
+//! flow of the middleware and the layer). A backend other than the memory
+//! store (Redis, or one of yours) is wrapped in a failover: a circuit
+//! breaker and an insurance limiter in process memory, which answer by the
+//! failure policy while it fails. Beside the pipeline, the registry
 //! knows every rule by name (its overrides, and
 //! [`reset_named`](RateLimiter::reset_named) and its kin), and the key
 //! grammar (`prefix + name + subject`) is written in one module, `keys`.
@@ -104,6 +107,7 @@ mod error;
 pub mod http;
 mod keys;
 mod limiter;
+mod log_gate;
 pub mod overrides;
 mod pipeline;
 mod registry;
@@ -159,6 +163,14 @@ pub mod __private {
         pub use crate::http::handler_set::check_all;
         pub use crate::pipeline::Report;
     }
+}
+
+/// Hooks for this repository's tests (feature `testing`). Not a public API:
+/// it may change in any release without notice.
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod __testing {
+    pub use crate::backend::redis::hooks::RedisTestHooks;
 }
 
 /// A key made at compile time of constant parts (`&'static str`s), for

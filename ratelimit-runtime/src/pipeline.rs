@@ -92,12 +92,32 @@ pub(crate) async fn check_on(
     let Some(limiter) = limiter else {
         return missing_limiter(site, key).await;
     };
-    let shadow = site.shadow || limiter.is_shadow();
-    let (rule, shadow) =
-        crate::registry::effective(site.name, &site.rule, shadow).unwrap_or((site.rule, shadow));
+    let (rule, shadow) = in_force(site, limiter);
     let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
     let answer = limiter.acquire_with(&rule, key, site.cost, on_error).await;
     conclude(site, &rule, shadow, key, answer)
+}
+
+/// [`check_on`] answered without waiting, when `limiter` keeps its budgets
+/// in process memory; `None` when its store must be awaited (nothing is
+/// checked or recorded then).
+#[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
+pub(crate) fn check_now(
+    site: &Site,
+    limiter: &RateLimiter,
+    key: &str,
+) -> Option<Result<Pass, RateLimited>> {
+    let (rule, shadow) = in_force(site, limiter);
+    let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
+    let answer = limiter.acquire_now(&rule, key, site.cost, on_error)?;
+    Some(conclude(site, &rule, shadow, key, answer))
+}
+
+/// The rule in force at `site` (overrides applied) and whether it is in
+/// shadow mode on `limiter`.
+fn in_force(site: &Site, limiter: &RateLimiter) -> (Rule, bool) {
+    let shadow = site.shadow || limiter.is_shadow();
+    crate::registry::effective(site.name, &site.rule, shadow).unwrap_or((site.rule, shadow))
 }
 
 /// The call's fate once the limiter has answered: counted, logged, and

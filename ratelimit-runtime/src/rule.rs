@@ -28,12 +28,21 @@ pub enum Algorithm {
     SlidingWindow,
     /// A bucket of `burst` tokens (default `count`), refilled continuously at
     /// `count` per `period`, starting full.
+    ///
+    /// A bucket whose period or burst changes (an override, another rule on
+    /// the key) keeps its whole tokens, up to the new burst, and drops the
+    /// fraction of a token it had refilled.
     TokenBucket,
     /// The generic cell rate algorithm (leaky bucket as a meter): the same
     /// limit as the token bucket, kept as one timestamp per key.
     Gcra,
     /// At most `count` calls in flight; each holds a lease released when the
     /// call ends, or after `period` if its holder died.
+    ///
+    /// A call removes at most 1,024 expired leases, the oldest first: an
+    /// expired lease of several units beyond those keeps its units past the
+    /// first counted until a later call removes it (briefly stricter, never
+    /// looser).
     Concurrency,
 }
 

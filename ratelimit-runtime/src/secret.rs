@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::OnceLock;
 
 use crate::error::Error;
-use crate::site::LogGate;
+use crate::log_gate::LogGate;
 
 /// The secret of the keyed digests in keys
 /// ([`keys::push_digest`](crate::keys::push_digest)). Its `Debug` says
@@ -66,11 +66,11 @@ pub(crate) const MISSING: &str = "a rate limit keys by a request header (`by_hea
 
 /// Logs `error` (a missing key secret met by a request, `what` naming the
 /// rule): the first, then at most one line every
-/// [`LogGate::EVERY_MS`](crate::site::LogGate::EVERY_MS), with how many
+/// [`LogGate::EVERY_MS`](crate::log_gate::LogGate::EVERY_MS), with how many
 /// were held back.
 pub(crate) fn log_missing(error: &Error, what: &str) {
     static GATE: LogGate = LogGate::new();
-    if let Some(unlogged) = GATE.admit(crate::site::process_millis()) {
+    if let Some(unlogged) = GATE.admit(crate::log_gate::process_millis()) {
         tracing::error!(
             %error,
             rule = what,

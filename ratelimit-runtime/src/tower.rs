@@ -16,13 +16,11 @@ use http_body_util::{Either, Full};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::http::flow::{Admission, LimitedRequest};
-use crate::http::limit::{Limit, Sites, Subject, limit_builder};
-use crate::http::{Headers, HttpOptions, Refusal, Tiers, append};
+use crate::http::flow::{LimitedRequest, Prepared, admitted};
+use crate::http::limit::{KeyFn, Limit, Sites, Subject, limit_builder};
+use crate::http::{Field, Headers, HttpOptions, Refusal, Tiers, append};
 use crate::limiter::RateLimiter;
-
-/// A closure that names a request's budget.
-type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+use crate::pipeline::Pass;
 
 /// Rate limiting for every request a tower service handles.
 ///
@@ -58,7 +56,7 @@ type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 /// the failure policy and metrics apply alike.
 #[derive(Clone)]
 pub struct RateLimitLayer {
-    inner: Arc<Limit<KeyFn>>,
+    inner: Arc<Limit<KeyFn<Parts>>>,
     limiter: Option<RateLimiter>,
     options: Option<Arc<HttpOptions>>,
     peer: Option<PeerFn>,
@@ -67,10 +65,10 @@ pub struct RateLimitLayer {
 /// A closure that reads a request's peer address.
 type PeerFn = Arc<dyn Fn(&Parts) -> Option<IpAddr> + Send + Sync>;
 
-limit_builder!(RateLimitLayer);
+limit_builder!(RateLimitLayer, Parts);
 
 impl RateLimitLayer {
-    fn from_limit(inner: Arc<Limit<KeyFn>>) -> Self {
+    fn from_limit(inner: Arc<Limit<KeyFn<Parts>>>) -> Self {
         RateLimitLayer {
             inner,
             limiter: None,
@@ -166,52 +164,169 @@ where
 {
     type Response = Response<LimitedBody<ResBody>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
+    /// Decides before anything is awaited: the subject, the key and, in
+    /// process memory, the check itself, so the inner service is called at
+    /// once; a store that must be awaited is awaited in the future.
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // The service that was made ready answers this request; a clone
-        // takes its place.
+        let (parts, body) = req.into_parts();
+        let layer = &self.layer;
+        let limiter = match &layer.limiter {
+            Some(limiter) => limiter,
+            None => parts
+                .extensions
+                .get::<RateLimiter>()
+                .unwrap_or_else(|| RateLimiter::global()),
+        };
+        let options = match &layer.options {
+            Some(options) => options,
+            None => parts
+                .extensions
+                .get::<HttpOptions>()
+                .unwrap_or_else(|| HttpOptions::default_ref()),
+        };
+        let request = TowerRequest {
+            parts: &parts,
+            peer: layer.peer.as_ref(),
+        };
+        let (site, key) = match layer.inner.prepare(&self.sites, limiter, options, &request) {
+            Prepared::Pass => {
+                let future = self.inner.call(Request::from_parts(parts, body));
+                return ResponseFuture::inner(future, None);
+            }
+            Prepared::Refuse(refusal) => {
+                return ResponseFuture::ready(refused(refusal, is_grpc(&parts.headers)));
+            }
+            Prepared::Check(site, key) => (site, key),
+        };
+        if !layer.inner.settles()
+            && let Some(checked) = crate::pipeline::check_now(site, limiter, &key)
+        {
+            return match admitted(checked, options) {
+                Ok(held) => {
+                    let future = self.inner.call(Request::from_parts(parts, body));
+                    ResponseFuture::inner(future, Some(held))
+                }
+                Err(refusal) => ResponseFuture::ready(refused(refusal, is_grpc(&parts.headers))),
+            };
+        }
+        // The store must be awaited (or a refund after the response): the
+        // service that was made ready answers this request, a clone takes
+        // its place.
+        let grpc = is_grpc(&parts.headers);
+        let (site, key) = (Arc::clone(site), key.into_owned());
+        let limiter = limiter.clone();
+        let options = match &layer.options {
+            Some(options) => Arc::clone(options),
+            None => Arc::new(options.clone()),
+        };
+        let limit = Arc::clone(&layer.inner);
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let (sites, layer) = (Arc::clone(&self.sites), self.layer.clone());
-        Box::pin(async move {
-            let (parts, body) = req.into_parts();
-            let limiter = layer
-                .limiter
-                .clone()
-                .or_else(|| parts.extensions.get::<RateLimiter>().cloned());
-            let options = layer
-                .options
-                .clone()
-                .or_else(|| parts.extensions.get::<HttpOptions>().cloned().map(Arc::new));
-            let options: &HttpOptions = match &options {
-                Some(options) => options,
-                None => HttpOptions::default_ref(),
-            };
-            let grpc = is_grpc(&parts.headers);
-            let limiter = limiter.as_ref().unwrap_or_else(|| RateLimiter::global());
-            let request = TowerRequest {
-                parts: &parts,
-                peer: layer.peer.as_ref(),
-            };
-            let admitted = match layer.inner.admit(&sites, limiter, options, &request).await {
-                Admission::Pass => {
-                    let req = Request::from_parts(parts, body);
-                    return Ok(inner.call(req).await?.map(Either::Left));
-                }
-                Admission::Refuse(refusal) => return Ok(refused(refusal, grpc)),
-                Admission::Admit(admitted) => admitted,
+        ResponseFuture::waiting(Box::pin(async move {
+            let checked = crate::pipeline::check_on(&site, Some(&limiter), &key).await;
+            let (held, fields) = match admitted(checked, &options) {
+                Ok(held) => held,
+                Err(refusal) => return Ok(refused(refusal, grpc)),
             };
             let mut response = inner.call(Request::from_parts(parts, body)).await?;
             let status = response.status().as_u16();
-            let fields = admitted.finish(&layer.inner, limiter, status).await;
+            limit.finish(held, &site, &limiter, &key, status).await;
             append(response.headers_mut(), fields);
             Ok(response.map(Either::Left))
-        })
+        }))
+    }
+}
+
+/// What an admitted request holds until its response: the permit (a
+/// concurrency rule's lease) and the rate-limit fields.
+type Held = (Pass, Vec<Field>);
+
+/// A response future that must wait for the store, boxed.
+type Waiting<B, E> = Pin<Box<dyn Future<Output = Result<Response<LimitedBody<B>>, E>> + Send>>;
+
+pin_project_lite::pin_project! {
+    /// The future of a [`LimitedService`]'s response.
+    pub struct ResponseFuture<F, B, E> {
+        #[pin]
+        state: State<F, B, E>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = StateProj]
+    enum State<F, B, E> {
+        /// The inner service's response, then the fields.
+        Inner {
+            #[pin]
+            future: F,
+            held: Option<Held>,
+        },
+        /// Answered without the inner service (a refusal).
+        Ready {
+            #[pin]
+            future: std::future::Ready<Result<Response<LimitedBody<B>>, E>>,
+        },
+        /// The check and the response, waiting for the store.
+        Waiting {
+            future: Waiting<B, E>,
+        },
+    }
+}
+
+impl<F, B, E> ResponseFuture<F, B, E> {
+    fn inner(future: F, held: Option<Held>) -> Self {
+        ResponseFuture {
+            state: State::Inner { future, held },
+        }
+    }
+
+    fn ready(response: Response<LimitedBody<B>>) -> Self {
+        ResponseFuture {
+            state: State::Ready {
+                future: std::future::ready(Ok(response)),
+            },
+        }
+    }
+
+    fn waiting(future: Waiting<B, E>) -> Self {
+        ResponseFuture {
+            state: State::Waiting { future },
+        }
+    }
+}
+
+impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<LimitedBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Inner { future, held } => {
+                let mut response = std::task::ready!(future.poll(cx))?;
+                // The permit goes once the response is produced.
+                if let Some((permit, fields)) = held.take() {
+                    drop(permit);
+                    append(response.headers_mut(), fields);
+                }
+                Poll::Ready(Ok(response.map(Either::Left)))
+            }
+            StateProj::Ready { future } => future.poll(cx),
+            StateProj::Waiting { future } => future.as_mut().poll(cx),
+        }
     }
 }
 
@@ -222,7 +337,7 @@ struct TowerRequest<'a> {
     peer: Option<&'a PeerFn>,
 }
 
-impl LimitedRequest<KeyFn> for TowerRequest<'_> {
+impl LimitedRequest<KeyFn<Parts>> for TowerRequest<'_> {
     fn path(&self) -> &str {
         self.parts.uri.path()
     }
@@ -242,7 +357,7 @@ impl LimitedRequest<KeyFn> for TowerRequest<'_> {
         options.client_ip(peer, &self.parts.headers)
     }
 
-    fn run(&self, closure: &KeyFn) -> Option<String> {
+    fn run(&self, closure: &KeyFn<Parts>) -> Option<String> {
         closure(self.parts)
     }
 }

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::memory::MemoryBackend;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{
@@ -29,10 +30,13 @@ impl XorShift {
 }
 
 pub async fn redis_backend(server: &RedisServer) -> RedisBackend {
-    RedisBackend::connect_with(
+    RedisBackend::connect(
         &server.url(),
-        Duration::from_secs(5),
-        Duration::from_secs(5),
+        ConnectOptions {
+            timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            ..ConnectOptions::default()
+        },
     )
     .await
     .expect("connecting to the test redis-server")
@@ -47,7 +51,7 @@ pub async fn redis_backend_without_functions(server: &RedisServer) -> RedisBacke
         functions: false,
         ..ConnectOptions::default()
     };
-    RedisBackend::open(&server.url(), options)
+    RedisBackend::connect(&server.url(), options)
         .await
         .expect("connecting to the test redis-server")
 }
@@ -166,7 +170,7 @@ impl Subject {
 
     pub async fn cluster(cluster: RedisCluster) -> Subject {
         let limiter = RateLimiter::builder()
-            .redis_cluster(cluster.urls())
+            .redis(cluster.urls())
             .timeout(Duration::from_secs(2))
             .build()
             .await

@@ -5,17 +5,16 @@ use std::future::{Future, Ready, ready};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use actix_web::body::EitherBody;
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
 
 use super::{append, client_ip, limiter_for, options_for, response};
-use crate::http::flow::{Admission, LimitedRequest};
-use crate::http::limit::{Limit, Sites, Subject, limit_builder};
-use crate::http::{Headers, HttpOptions, Tiers};
-
-/// A closure that names a request's budget.
-type KeyFn = Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + Sync>;
+use crate::http::flow::{LimitedRequest, Prepared, admitted};
+use crate::http::limit::{KeyFn, Limit, Sites, Subject, limit_builder};
+use crate::http::{Field, Headers, HttpOptions, Refusal, Tiers};
+use crate::pipeline::Pass;
 
 /// Rate limiting for a whole app, scope or resource, with the same rules and
 /// limiter as `#[rate_limit]`.
@@ -38,13 +37,13 @@ type KeyFn = Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + Sync>;
 /// the failure policy and metrics apply alike.
 #[derive(Clone)]
 pub struct RateLimit {
-    inner: Arc<Limit<KeyFn>>,
+    inner: Arc<Limit<KeyFn<ServiceRequest>>>,
 }
 
-limit_builder!(RateLimit);
+limit_builder!(RateLimit, ServiceRequest);
 
 impl RateLimit {
-    fn from_limit(inner: Arc<Limit<KeyFn>>) -> Self {
+    fn from_limit(inner: Arc<Limit<KeyFn<ServiceRequest>>>) -> Self {
         RateLimit { inner }
     }
 
@@ -101,7 +100,7 @@ where
 pub struct RateLimitService<S> {
     service: Rc<S>,
     sites: Arc<Sites>,
-    config: Arc<Limit<KeyFn>>,
+    config: Arc<Limit<KeyFn<ServiceRequest>>>,
 }
 
 impl<S> std::fmt::Debug for RateLimitService<S> {
@@ -117,35 +116,143 @@ where
 {
     type Response = ServiceResponse<EitherBody<B>>;
     type Error = actix_web::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>>>>;
+    type Future = RateLimitFuture<S::Future, B>;
 
     forward_ready!(service);
 
+    /// Decides before anything is awaited: the subject, the key and, in
+    /// process memory, the check itself, so the inner service is called at
+    /// once; a store that must be awaited is awaited in the future.
     fn call(&self, req: ServiceRequest) -> Self::Future {
+        let options = options_for(req.request());
+        let limiter = limiter_for(req.request());
+        let (site, key) = match self.config.prepare(&self.sites, limiter, options, &req) {
+            Prepared::Pass => return RateLimitFuture::inner(self.service.call(req), None),
+            Prepared::Refuse(refusal) => return RateLimitFuture::ready(refuse(req, refusal)),
+            Prepared::Check(site, key) => (site, key),
+        };
+        if !self.config.settles()
+            && let Some(checked) = crate::pipeline::check_now(site, limiter, &key)
+        {
+            return match admitted(checked, options) {
+                Ok(held) => RateLimitFuture::inner(self.service.call(req), Some(held)),
+                Err(refusal) => RateLimitFuture::ready(refuse(req, refusal)),
+            };
+        }
+        // The store must be awaited (or a refund after the response).
+        let (site, key) = (Arc::clone(site), key.into_owned());
+        let limiter = limiter.clone();
         let service = Rc::clone(&self.service);
-        let sites = Arc::clone(&self.sites);
         let config = Arc::clone(&self.config);
-        Box::pin(async move {
-            let options = options_for(req.request());
-            let limiter = limiter_for(req.request()).clone();
-            let admitted = match config.admit(&sites, &limiter, options, &req).await {
-                Admission::Pass => return Ok(service.call(req).await?.map_into_left_body()),
-                Admission::Refuse(refusal) => {
-                    return Ok(req.into_response(response(refusal)).map_into_right_body());
-                }
-                Admission::Admit(admitted) => admitted,
+        RateLimitFuture::waiting(Box::pin(async move {
+            let checked = crate::pipeline::check_on(&site, Some(&limiter), &key).await;
+            let (held, fields) = match admitted(checked, options_for(req.request())) {
+                Ok(held) => held,
+                Err(refusal) => return Ok(refuse(req, refusal)),
             };
             let mut response = service.call(req).await?;
             let status = response.status().as_u16();
-            let fields = admitted.finish(&config, &limiter, status).await;
+            config.finish(held, &site, &limiter, &key, status).await;
             append(response.response_mut(), fields);
             Ok(response.map_into_left_body())
-        })
+        }))
+    }
+}
+
+/// A refused request's response.
+fn refuse<B>(req: ServiceRequest, refusal: Refusal) -> ServiceResponse<EitherBody<B>> {
+    req.into_response(response(refusal)).map_into_right_body()
+}
+
+/// What an admitted request holds until its response: the permit (a
+/// concurrency rule's lease) and the rate-limit fields.
+type Held = (Pass, Vec<Field>);
+
+/// The middleware's answer, once the store has been awaited.
+type Answer<B> = Result<ServiceResponse<EitherBody<B>>, actix_web::Error>;
+
+pin_project_lite::pin_project! {
+    /// The future of a [`RateLimitService`]'s response.
+    pub struct RateLimitFuture<F, B> {
+        #[pin]
+        state: State<F, B>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = StateProj]
+    enum State<F, B> {
+        /// The inner service's response, then the fields.
+        Inner {
+            #[pin]
+            future: F,
+            held: Option<Held>,
+        },
+        /// Answered without the inner service (a refusal).
+        Ready {
+            #[pin]
+            future: Ready<Answer<B>>,
+        },
+        /// The check and the response, waiting for the store.
+        Waiting {
+            future: Pin<Box<dyn Future<Output = Answer<B>>>>,
+        },
+    }
+}
+
+impl<F, B> RateLimitFuture<F, B> {
+    fn inner(future: F, held: Option<Held>) -> Self {
+        RateLimitFuture {
+            state: State::Inner { future, held },
+        }
+    }
+
+    fn ready(response: ServiceResponse<EitherBody<B>>) -> Self {
+        RateLimitFuture {
+            state: State::Ready {
+                future: ready(Ok(response)),
+            },
+        }
+    }
+
+    fn waiting(future: Pin<Box<dyn Future<Output = Answer<B>>>>) -> Self {
+        RateLimitFuture {
+            state: State::Waiting { future },
+        }
+    }
+}
+
+impl<F, B> std::fmt::Debug for RateLimitFuture<F, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitFuture").finish_non_exhaustive()
+    }
+}
+
+impl<F, B> Future for RateLimitFuture<F, B>
+where
+    F: Future<Output = Result<ServiceResponse<B>, actix_web::Error>>,
+{
+    type Output = Answer<B>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Inner { future, held } => {
+                let mut response = std::task::ready!(future.poll(cx))?;
+                // The permit goes once the response is produced.
+                if let Some((permit, fields)) = held.take() {
+                    drop(permit);
+                    append(response.response_mut(), fields);
+                }
+                Poll::Ready(Ok(response.map_into_left_body()))
+            }
+            StateProj::Ready { future } => future.poll(cx),
+            StateProj::Waiting { future } => future.as_mut().poll(cx),
+        }
     }
 }
 
 /// An actix-web request, as the middleware flow reads it.
-impl LimitedRequest<KeyFn> for ServiceRequest {
+impl LimitedRequest<KeyFn<ServiceRequest>> for ServiceRequest {
     fn path(&self) -> &str {
         ServiceRequest::path(self)
     }
@@ -158,7 +265,7 @@ impl LimitedRequest<KeyFn> for ServiceRequest {
         client_ip(options, self.request())
     }
 
-    fn run(&self, closure: &KeyFn) -> Option<String> {
+    fn run(&self, closure: &KeyFn<ServiceRequest>) -> Option<String> {
         closure(self)
     }
 }

@@ -22,7 +22,7 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{FromRequest, HttpRequest, HttpResponse, Responder, ResponseError, web};
 
-pub use middleware::{RateLimit, RateLimitService};
+pub use middleware::{RateLimit, RateLimitFuture, RateLimitService};
 
 use crate::decision::{Cause, RateLimited};
 use crate::http::{Field, HttpCall, HttpOptions, NoFallback, Refusal, Reply, ReplyKind};

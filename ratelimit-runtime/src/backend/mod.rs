@@ -3,12 +3,22 @@
 use std::future::Future;
 
 use crate::decision::{Charge, Decision};
-use crate::error::Error;
+use crate::error::{Error, OnError};
 use crate::rule::Rule;
+use hook::{Answered, BackendCall, LeaseRef, RoundTrip, Sealed};
 
+mod breaker;
+mod failover;
+pub(crate) mod hook;
 pub mod memory;
 #[cfg(feature = "redis")]
+mod over_limit;
+#[cfg(feature = "redis")]
 pub mod redis;
+
+pub(crate) use failover::Failover;
+#[cfg(feature = "redis")]
+pub(crate) use over_limit::OverLimitCache;
 
 /// A store that checks and consumes rate-limit budgets.
 ///
@@ -20,6 +30,16 @@ pub mod redis;
 ///
 /// The limiter validates `cost` against the rule's capacity before calling a
 /// backend, so `1 <= cost <= rule.capacity()` holds here.
+///
+/// A limiter built on a backend of yours
+/// ([`RateLimiterBuilder::backend`](crate::RateLimiterBuilder::backend))
+/// fails over as it does on Redis: when a call answers
+/// [`Error::Backend`], the rule's failure policy decides
+/// ([`OnError`](crate::OnError): check it in process memory, allow or
+/// deny it), and after consecutive failures a circuit breaker stops
+/// sending calls to the backend, but for one probe every
+/// [`probe_interval`](crate::RateLimiterBuilder::probe_interval). Other
+/// errors ([`Error::Unsupported`], say) reach the caller as they are.
 pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     /// Checks and consumes `cost` units of `key`'s budget under `rule`
     /// (any algorithm but `concurrency`).
@@ -161,6 +181,91 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
                 give_back(self, checks, &decisions).await;
             }
             Ok(decisions.into_iter().flatten().collect())
+        }
+    }
+
+    // The crate's own hooks: sealed (their argument cannot be named
+    // outside the crate), so a backend of yours keeps these defaults.
+
+    /// The answer to `call` when the store can give it at once, in
+    /// process (the memory store): no future, no allocation.
+    #[doc(hidden)]
+    fn __answer_now(&self, _: Sealed, call: &BackendCall<'_>) -> Option<Answered> {
+        let _ = call;
+        None
+    }
+
+    /// Checks `call` (acquires, with a lease), with the stamp of what it
+    /// charged and who answered.
+    #[doc(hidden)]
+    fn __answer(
+        &self,
+        _: Sealed,
+        call: BackendCall<'_>,
+    ) -> impl Future<Output = Result<Answered, Error>> + Send {
+        async move {
+            let decision = match call.lease {
+                Some(id) => self.acquire(call.rule, call.key, call.cost, id).await?,
+                None => self.check(call.rule, call.key, call.cost).await?,
+            };
+            Ok(Answered::by_backend(decision, None))
+        }
+    }
+
+    /// Gives `lease` back at once when it is held in process; `false` when
+    /// it takes a call to the backend.
+    #[doc(hidden)]
+    fn __release_now(&self, _: Sealed, lease: &LeaseRef<'_>) -> bool {
+        let _ = lease;
+        false
+    }
+
+    /// Gives `lease` back, where it was taken.
+    #[doc(hidden)]
+    fn __release(
+        &self,
+        _: Sealed,
+        lease: LeaseRef<'_>,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        self.release(lease.rule, lease.key, lease.cost, lease.id)
+    }
+
+    /// The round trip a failed call failed in, so that the breaker counts
+    /// a round trip shared by several calls once.
+    #[doc(hidden)]
+    fn __round_trip(&self, _: Sealed, error: &Error) -> RoundTrip {
+        let _ = error;
+        RoundTrip::Other
+    }
+
+    /// The store's name, for [`RateLimiter::backend_name`](crate::RateLimiter::backend_name).
+    #[doc(hidden)]
+    fn __name(&self, _: Sealed) -> &'static str {
+        "custom"
+    }
+
+    /// Checks a set all or nothing ([`check_all`](Backend::check_all)),
+    /// with each rule's stamp and who answered; `on_error` is the set's
+    /// failure policy (the failover's).
+    #[doc(hidden)]
+    fn __answer_all(
+        &self,
+        _: Sealed,
+        checks: &[RuleCheck<'_>],
+        on_error: OnError,
+    ) -> impl Future<Output = Result<Vec<Answered>, Error>> + Send {
+        let _ = on_error;
+        async move {
+            let decisions = self.check_all(checks).await?;
+            if decisions.len() != checks.len() {
+                return Err(Error::Unsupported(
+                    "a custom backend's check_all answered another number of decisions",
+                ));
+            }
+            Ok(decisions
+                .into_iter()
+                .map(|d| Answered::by_backend(d, None))
+                .collect())
         }
     }
 }

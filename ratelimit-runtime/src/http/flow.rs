@@ -1,9 +1,11 @@
 //! The request flow of both middlewares (actix-web's `RateLimit`, the tower
 //! `RateLimitLayer`), written once: the verdict (exempt, unknown client or
-//! the key to check), the tier's rule, the check, then a refusal or the
-//! rate-limit fields, and after the response the refund its status asks
-//! for. Each framework reads its request through [`LimitedRequest`] and
-//! turns [`Refusal`]s and fields into its own responses.
+//! the key to check) and the tier's rule, decided before anything is
+//! awaited; the check (answered at once by process memory, else awaited);
+//! then a refusal or the rate-limit fields, and after the response the
+//! refund its status asks for. Each framework reads its request through
+//! [`LimitedRequest`] and turns [`Refusal`]s and fields into its own
+//! responses.
 
 use std::borrow::Cow;
 use std::net::IpAddr;
@@ -11,8 +13,9 @@ use std::sync::Arc;
 
 use super::limit::{Limit, Sites, Verdict};
 use super::{Field, Headers, HttpOptions, Refusal, rate_limit_headers, refusal};
+use crate::decision::RateLimited;
 use crate::limiter::RateLimiter;
-use crate::pipeline::{self, Pass};
+use crate::pipeline::Pass;
 use crate::site::Site;
 
 /// A request as the flow reads it; `K` is the framework's closure type (a
@@ -29,37 +32,29 @@ pub(crate) trait LimitedRequest<K> {
     fn run(&self, closure: &K) -> Option<String>;
 }
 
-/// What a middleware does with a request before its inner service runs.
-pub(crate) enum Admission<'a> {
+/// What a middleware does with a request, decided before anything is
+/// awaited.
+pub(crate) enum Prepared<'a> {
     /// Unlimited (an exempt path or subject, or no key): call the inner
     /// service as it is.
     Pass,
     /// Refused: answer with this, without calling the inner service.
     Refuse(Refusal),
-    /// Allowed: call the inner service, then [`Admitted::finish`].
-    Admit(Admitted<'a>),
-}
-
-/// An allowed request: what it holds while the inner service runs.
-pub(crate) struct Admitted<'a> {
-    /// The permit (a concurrency rule's lease), held until the response.
-    held: Pass,
-    site: Arc<Site>,
-    key: Cow<'a, str>,
-    /// The rate-limit fields of the allowed response.
-    fields: Vec<Field>,
+    /// Check it at this site under this key.
+    Check(&'a Arc<Site>, Cow<'a, str>),
 }
 
 impl<K> Limit<K> {
-    /// Decides `request` under this middleware's rule (or its tier's) on
-    /// `limiter`.
-    pub(crate) async fn admit<'a>(
+    /// What to do with `request` under this middleware's rule (or its
+    /// tier's) on `limiter`: pass it, refuse it, or the site and key to
+    /// check it under.
+    pub(crate) fn prepare<'a>(
         &'a self,
-        sites: &Sites,
+        sites: &'a Sites,
         limiter: &RateLimiter,
         options: &HttpOptions,
         request: &impl LimitedRequest<K>,
-    ) -> Admission<'a> {
+    ) -> Prepared<'a> {
         let verdict = self.verdict(
             &sites.own,
             request.path(),
@@ -70,44 +65,51 @@ impl<K> Limit<K> {
             |closure| request.run(closure),
         );
         let key = match verdict {
-            Verdict::Pass => return Admission::Pass,
+            Verdict::Pass => return Prepared::Pass,
             Verdict::Check(key) => key,
-            Verdict::Refuse(limited) => {
-                return Admission::Refuse(refusal(&limited, &[], options));
-            }
+            Verdict::Refuse(limited) => return Prepared::Refuse(refusal(&limited, &[], options)),
         };
         let (site, key) = sites.choose(self, key, |pick| request.run(pick));
-        match pipeline::check_on(&site, Some(limiter), &key).await {
-            Ok(held) => {
-                let fields = rate_limit_headers(options.headers, [held.report()]);
-                Admission::Admit(Admitted {
-                    held,
-                    site,
-                    key,
-                    fields,
-                })
-            }
-            Err(limited) => Admission::Refuse(refusal(&limited, &[], options)),
-        }
+        Prepared::Check(site, key)
+    }
+
+    /// Whether a request's response may give back what it took (so the
+    /// middleware must wait for the store after the response).
+    pub(crate) fn settles(&self) -> bool {
+        self.refund_if.is_some()
     }
 }
 
-impl Admitted<'_> {
+/// The checked request's fate: the permit to hold until the response and
+/// the rate-limit fields it gets, or the refusal to answer.
+pub(crate) fn admitted(
+    checked: Result<Pass, RateLimited>,
+    options: &HttpOptions,
+) -> Result<(Pass, Vec<Field>), Refusal> {
+    match checked {
+        Ok(held) => {
+            let fields = rate_limit_headers(options.headers, [held.report()]);
+            Ok((held, fields))
+        }
+        Err(limited) => Err(refusal(&limited, &[], options)),
+    }
+}
+
+impl<K> Limit<K> {
     /// Once the inner service has answered with `status`: gives the permit
     /// back (a concurrency lease is held until the response is produced),
-    /// gives back what the request took if the middleware says so for that
-    /// status, and returns the fields to add to the response.
-    pub(crate) async fn finish<K>(
-        self,
-        limit: &Limit<K>,
+    /// and gives back what the request took if the middleware says so for
+    /// that status.
+    pub(crate) async fn finish(
+        &self,
+        held: Pass,
+        site: &Site,
         limiter: &RateLimiter,
+        key: &str,
         status: u16,
-    ) -> Vec<Field> {
-        let charge = self.held.permit().charge();
-        drop(self.held);
-        limit
-            .settle(&self.site, limiter, &self.key, charge, status)
-            .await;
-        self.fields
+    ) {
+        let charge = held.permit().charge();
+        drop(held);
+        self.settle(site, limiter, key, charge, status).await;
     }
 }

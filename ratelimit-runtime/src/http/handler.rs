@@ -163,6 +163,7 @@ pub async fn check(site: &Site, base: &str, by: By, call: &HttpCall) -> Result<P
     let key = match by {
         By::Global => return pipeline::check_on(site, limiter, base).await,
         By::Ip => match call.options().ip_subject(
+            base,
             secret,
             call.client_ip().or_else(|| {
                 if call.no_peer {
@@ -171,16 +172,12 @@ pub async fn check(site: &Site, base: &str, by: By, call: &HttpCall) -> Result<P
                 None
             }),
         ) {
-            Ok(subject) => [base, &subject].concat(),
+            Ok(key) => key,
             Err(()) => return Err(site.unknown_client()),
         },
-        By::Header(name) => [
-            base,
-            &call
-                .options()
-                .header_subject(secret, name, call.header(name)),
-        ]
-        .concat(),
+        By::Header(name) => call
+            .options()
+            .header_key(base, secret, name, call.header(name)),
     };
     pipeline::check_on(site, limiter, &key).await
 }

@@ -52,18 +52,14 @@ pub async fn check_all(
                     }
                     None
                 });
-                match call.options().ip_subject(secret, ip) {
-                    Ok(subject) => [base, &subject].concat(),
+                match call.options().ip_subject(base, secret, ip) {
+                    Ok(key) => key,
                     Err(()) => return Err((i, site.unknown_client())),
                 }
             }
-            By::Header(name) => [
-                base,
-                &call
-                    .options()
-                    .header_subject(secret, name, call.header(name)),
-            ]
-            .concat(),
+            By::Header(name) => call
+                .options()
+                .header_key(base, secret, name, call.header(name)),
         };
         keys.push(key);
     }

@@ -14,6 +14,10 @@ use crate::limiter::RateLimiter;
 use crate::rule::Rule;
 use crate::site::Site;
 
+/// A middleware's `by_key` closure over the framework's request `R`: the
+/// subject a request charges, `None` for a request it cannot name.
+pub(crate) type KeyFn<R> = Arc<dyn Fn(&R) -> Option<String> + Send + Sync>;
+
 /// Whose budget a middleware charges; `K` is the framework's key closure.
 pub(crate) enum Subject<K> {
     Global,
@@ -126,26 +130,26 @@ impl Sites {
     /// The site and key a request with `key` (its own rule's) is checked
     /// under: its tier's, when the picker names one in the table.
     pub(crate) fn choose<'a, K>(
-        &self,
+        &'a self,
         limit: &Limit<K>,
         key: Cow<'a, str>,
         pick: impl FnOnce(&K) -> Option<String>,
-    ) -> (Arc<Site>, Cow<'a, str>) {
+    ) -> (&'a Arc<Site>, Cow<'a, str>) {
         let Some((_, picker)) = &limit.tiers else {
-            return (Arc::clone(&self.own), key);
+            return (&self.own, key);
         };
         let Some(tier) = pick(picker) else {
-            return (Arc::clone(&self.own), key);
+            return (&self.own, key);
         };
         match self.tiers.iter().find(|site| site.name == tier) {
             Some(site) => {
                 let subject = keys::subject_of(&key, &limit.key);
                 let key = keys::key(site.prefix, site.name, subject);
-                (Arc::clone(site), Cow::Owned(key))
+                (site, Cow::Owned(key))
             }
             None => {
                 tracing::debug!(tier, "no such tier; the middleware's own rule applies");
-                (Arc::clone(&self.own), key)
+                (&self.own, key)
             }
         }
     }
@@ -262,8 +266,8 @@ impl<K> Limit<K> {
                     // Not read: addresses are kept as they are.
                     Err(_) => &[],
                 };
-                match options.ip_subject(secret, ip) {
-                    Ok(subject) => subject,
+                match options.ip_subject(&self.key, secret, ip) {
+                    Ok(key) => return Verdict::Check(Cow::Owned(key)),
                     Err(()) => return Verdict::Refuse(site.unknown_client()),
                 }
             }
@@ -273,7 +277,10 @@ impl<K> Limit<K> {
                     return Verdict::Pass;
                 }
                 match limiter.key_secret() {
-                    Ok(secret) => options.header_subject(secret, name, value),
+                    Ok(secret) => {
+                        let key = options.header_key(&self.key, secret, name, value);
+                        return Verdict::Check(Cow::Owned(key));
+                    }
                     Err(error) => return Verdict::Refuse(site.misconfigured(&error)),
                 }
             }
@@ -373,9 +380,10 @@ pub(crate) fn register_as<K: Clone>(limit: &mut Arc<Limit<K>>, name: &str, cost:
 }
 
 /// The builder methods both middlewares share, on a type with a field
-/// `inner: Arc<Limit<K>>` (the framework's `by_key` is its own).
+/// `inner: Arc<Limit<KeyFn<R>>>` for the framework's request `R` (the
+/// framework's `by_key` is its own).
 macro_rules! limit_builder {
-    ($ty:ident) => {
+    ($ty:ident, $request:ty) => {
         impl $ty {
             /// One budget for all requests under `rule`, named `http` (its
             /// key `limiter:http`; name it with [`name`](Self::name)).
@@ -383,7 +391,12 @@ macro_rules! limit_builder {
                 $ty::from_limit(::std::sync::Arc::new($crate::http::limit::Limit::new(rule)))
             }
 
-            fn with(mut self, change: impl FnOnce(&mut $crate::http::limit::Limit<KeyFn>)) -> $ty {
+            fn with(
+                mut self,
+                change: impl FnOnce(
+                    &mut $crate::http::limit::Limit<$crate::http::limit::KeyFn<$request>>,
+                ),
+            ) -> $ty {
                 change(::std::sync::Arc::make_mut(&mut self.inner));
                 self
             }

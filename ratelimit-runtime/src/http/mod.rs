@@ -334,26 +334,33 @@ impl HttpOptions {
     }
 
     fn subject_with(&self, secret: &[u8], ip: IpAddr) -> String {
-        let mut address = String::with_capacity(44);
+        self.ip_key("", secret, ip)
+    }
+
+    /// `base` followed by the subject of the client `ip`, built in place:
+    /// the address written straight into the key (no formatting machinery,
+    /// no intermediate strings), then digested there if the options say so.
+    fn ip_key(&self, base: &str, secret: &[u8], ip: IpAddr) -> String {
+        // The longest subject: `:ip:` and a masked IPv6 address with its
+        // prefix (at most 39 + 4 characters), or a digest (33).
+        let mut key = String::with_capacity(base.len() + keys::IP.len() + 44);
+        key.push_str(base);
+        key.push_str(keys::IP);
+        let start = key.len();
         match ip {
-            IpAddr::V4(v4) => {
-                let _ = write!(address, "{v4}");
-            }
+            IpAddr::V4(v4) => push_ipv4(&mut key, v4),
             IpAddr::V6(v6) => {
                 let bits = u32::from(self.ipv6_prefix);
                 let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
                 let masked = std::net::Ipv6Addr::from(u128::from(v6) & mask);
-                let _ = write!(address, "{masked}/{bits}");
+                let _ = write!(key, "{masked}/{bits}");
             }
         }
-        let mut subject = String::with_capacity(48);
-        subject.push_str(keys::IP);
         if self.digest_ips {
-            keys::push_digest(&mut subject, secret, address.as_bytes());
-        } else {
-            subject.push_str(&address);
+            let address = key.split_off(start);
+            keys::push_digest(&mut key, secret, address.as_bytes());
         }
-        subject
+        key
     }
 
     /// Build refusals yourself: `build` makes the response (any status,
@@ -436,7 +443,20 @@ impl HttpOptions {
     /// has none: such requests share one budget). The value itself is never
     /// in a key or a log.
     pub(crate) fn header_subject(&self, secret: &[u8], name: &str, value: Option<&[u8]>) -> String {
-        let mut subject = String::with_capacity(name.len() + 42);
+        self.header_key("", secret, name, value)
+    }
+
+    /// `base` followed by [`header_subject`](Self::header_subject), built in
+    /// place.
+    pub(crate) fn header_key(
+        &self,
+        base: &str,
+        secret: &[u8],
+        name: &str,
+        value: Option<&[u8]>,
+    ) -> String {
+        let mut subject = String::with_capacity(base.len() + name.len() + 42);
+        subject.push_str(base);
         subject.push_str(keys::HEADER);
         subject.push_str(name);
         subject.push(':');
@@ -444,17 +464,38 @@ impl HttpOptions {
         subject
     }
 
-    /// The key's subject for `by = ip` of the client `ip` (as
+    /// The key `base` plus the subject for `by = ip` of the client `ip` (as
     /// [`client_ip`](HttpOptions::client_ip) tells it); `Err` when there is
     /// none and such requests are refused.
-    pub(crate) fn ip_subject(&self, secret: &[u8], ip: Option<IpAddr>) -> Result<String, ()> {
+    pub(crate) fn ip_subject(
+        &self,
+        base: &str,
+        secret: &[u8],
+        ip: Option<IpAddr>,
+    ) -> Result<String, ()> {
         match ip {
-            Some(ip) => Ok(self.subject_with(secret, ip)),
+            Some(ip) => Ok(self.ip_key(base, secret, ip)),
             None if self.unknown_client == UnknownClient::Shared => {
-                Ok([keys::IP, "unknown"].concat())
+                Ok([base, keys::IP, "unknown"].concat())
             }
             None => Err(()),
         }
+    }
+}
+
+/// Appends `ip` in dotted decimal, as its `Display` writes it.
+fn push_ipv4(out: &mut String, ip: std::net::Ipv4Addr) {
+    for (i, octet) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        if octet >= 100 {
+            out.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            out.push(char::from(b'0' + octet / 10 % 10));
+        }
+        out.push(char::from(b'0' + octet % 10));
     }
 }
 

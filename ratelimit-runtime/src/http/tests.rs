@@ -320,3 +320,38 @@ fn cidr_blocks() {
     }
     assert!(HttpOptions::new().trust_proxies(["nope"]).is_err());
 }
+
+#[test]
+fn client_keys_write_addresses_as_display_does() {
+    let readable = HttpOptions::new();
+    let digested = HttpOptions::new().digest_client_ips(true);
+    let v4 = [
+        [0, 0, 0, 0],
+        [1, 2, 3, 4],
+        [9, 10, 99, 100],
+        [199, 200, 249, 250],
+        [255, 255, 255, 255],
+        [10, 0, 100, 7],
+    ];
+    let v6 = ["2001:db8::1", "::1", "fe80::1:2:3:4", "::"];
+    let ips = v4
+        .into_iter()
+        .map(IpAddr::from)
+        .chain(v6.iter().map(|t| t.parse::<IpAddr>().unwrap()));
+    for ip in ips {
+        let shown = match ip {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => {
+                let masked = u128::from(v6) & (u128::MAX << 64);
+                format!("{}/64", std::net::Ipv6Addr::from(masked))
+            }
+        };
+        assert_eq!(
+            readable.ip_key("limiter:api", b"s", ip),
+            format!("limiter:api:ip:{shown}")
+        );
+        let mut digest = String::from("limiter:api:ip:");
+        keys::push_digest(&mut digest, b"s", shown.as_bytes());
+        assert_eq!(digested.ip_key("limiter:api", b"s", ip), digest);
+    }
+}

@@ -3,23 +3,21 @@
 use std::fmt;
 use std::sync::Arc;
 
-#[cfg(feature = "redis")]
 use std::time::Duration;
 
-#[cfg(feature = "redis")]
-use super::breaker::{Breaker, OverLimitCache};
-use super::{DynBackend, RateLimiter, Store};
+use super::RateLimiter;
+use super::store::{CustomBackend, Store};
 use crate::backend::Backend;
 use crate::backend::memory::MemoryBackend;
 #[cfg(feature = "redis")]
 use crate::backend::redis::{
-    ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, RedisBackend,
+    ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, RedisBackend, RedisTarget,
 };
+#[cfg(feature = "redis")]
+use crate::backend::{Failover, OverLimitCache};
 use crate::clock::Clock;
 use crate::error::{Error, OnError};
 use crate::secret::KeySecret;
-#[cfg(feature = "redis")]
-use crate::secret::{redact_url, redact_urls};
 
 /// Builds a [`RateLimiter`]: pick a backend, then [`build`](RateLimiterBuilder::build).
 ///
@@ -37,7 +35,6 @@ pub struct RateLimiterBuilder {
     timeout: Option<Duration>,
     #[cfg(feature = "redis")]
     connect_timeout: Option<Duration>,
-    #[cfg(feature = "redis")]
     probe_interval: Option<Duration>,
     #[cfg(feature = "redis")]
     start_degraded: bool,
@@ -75,18 +72,8 @@ enum BackendChoice {
     #[default]
     Memory,
     #[cfg(feature = "redis")]
-    Redis(String),
-    #[cfg(feature = "redis")]
-    RedisCluster(Vec<String>),
-    #[cfg(feature = "redis")]
-    RedisClient(Box<redis::Client>),
-    #[cfg(feature = "redis")]
-    RedisManager(redis::aio::ConnectionManager),
-    #[cfg(feature = "redis")]
-    RedisClusterClient(Box<redis::cluster::ClusterClient>),
-    #[cfg(feature = "sentinel")]
-    RedisSentinel(String, Vec<String>),
-    Custom(Box<dyn DynBackend>),
+    Redis(RedisTarget),
+    Custom(Box<dyn CustomBackend>),
 }
 
 impl fmt::Debug for BackendChoice {
@@ -94,27 +81,7 @@ impl fmt::Debug for BackendChoice {
         match self {
             BackendChoice::Memory => f.write_str("Memory"),
             #[cfg(feature = "redis")]
-            BackendChoice::Redis(url) => f.debug_tuple("Redis").field(&redact_url(url)).finish(),
-            #[cfg(feature = "redis")]
-            BackendChoice::RedisCluster(urls) => f
-                .debug_tuple("RedisCluster")
-                .field(&redact_urls(urls))
-                .finish(),
-            #[cfg(feature = "redis")]
-            BackendChoice::RedisClient(client) => f
-                .debug_tuple("RedisClient")
-                .field(&client.get_connection_info().addr().to_string())
-                .finish(),
-            #[cfg(feature = "redis")]
-            BackendChoice::RedisManager(_) => f.write_str("RedisConnectionManager"),
-            #[cfg(feature = "redis")]
-            BackendChoice::RedisClusterClient(_) => f.write_str("RedisClusterClient"),
-            #[cfg(feature = "sentinel")]
-            BackendChoice::RedisSentinel(master, sentinels) => f
-                .debug_tuple("RedisSentinel")
-                .field(master)
-                .field(&redact_urls(sentinels))
-                .finish(),
+            BackendChoice::Redis(target) => f.debug_tuple("Redis").field(target).finish(),
             BackendChoice::Custom(backend) => f.debug_tuple("Custom").field(backend).finish(),
         }
     }
@@ -127,11 +94,16 @@ impl RateLimiterBuilder {
         self
     }
 
-    /// Keep budgets in the Redis server at `url` (`redis://host:port/db`):
-    /// limits hold across every process that uses it.
+    /// Keep budgets in Redis: limits hold across every process that uses
+    /// it. `target` is a URL (`"redis://host:port/db"`, `rediss://` for
+    /// TLS), a list of a Redis Cluster's nodes (`["redis://a:7000",
+    /// "redis://b:7001"]`: every check runs on the one slot of its key),
+    /// [`RedisTarget::sentinel`]`(master, sentinels)`, or a `redis::Client`,
+    /// `ConnectionManager` or `ClusterClient` of your own; see
+    /// [`RedisTarget`].
     #[cfg(feature = "redis")]
-    pub fn redis(mut self, url: impl Into<String>) -> Self {
-        self.backend = BackendChoice::Redis(url.into());
+    pub fn redis(mut self, target: impl Into<RedisTarget>) -> Self {
+        self.backend = BackendChoice::Redis(target.into());
         self
     }
 
@@ -144,72 +116,19 @@ impl RateLimiterBuilder {
         self
     }
 
-    /// Keep budgets in a Redis Cluster, reached through any of these nodes
-    /// (`redis://host:port`): every check runs on the one slot of its key.
-    #[cfg(feature = "redis")]
-    pub fn redis_cluster<S: Into<String>>(mut self, nodes: impl IntoIterator<Item = S>) -> Self {
-        self.backend = BackendChoice::RedisCluster(nodes.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// Keep budgets in the Redis server this client of yours connects to
-    /// (your TLS, authentication and timeouts): the limiter makes its own
-    /// connection from it.
-    #[cfg(feature = "redis")]
-    pub fn redis_client(mut self, client: redis::Client) -> Self {
-        self.backend = BackendChoice::RedisClient(Box::new(client));
-        self
-    }
-
-    /// Keep budgets in the Redis server of this connection manager of
-    /// yours: the limiter sends its calls on it, and it reconnects as you
-    /// configured it.
-    #[cfg(feature = "redis")]
-    pub fn redis_connection_manager(mut self, manager: redis::aio::ConnectionManager) -> Self {
-        self.backend = BackendChoice::RedisManager(manager);
-        self
-    }
-
-    /// Keep budgets in the Redis Cluster this client of yours reaches. Build
-    /// it with `.retries(0)`: with retries, the client sends a request again
-    /// when its connection drops, also a script call a node already ran (a
-    /// check counted twice).
-    #[cfg(feature = "redis")]
-    pub fn redis_cluster_client(mut self, client: redis::cluster::ClusterClient) -> Self {
-        self.backend = BackendChoice::RedisClusterClient(Box::new(client));
-        self
-    }
-
-    /// Keep budgets in the master that the Sentinels at `sentinels`
-    /// (`redis://host:26379`) name for `master_name`, and follow it through
-    /// failovers (feature `sentinel`). Replication is asynchronous: the
-    /// counts the old master took last, before its replica had them, are lost
-    /// with it.
-    #[cfg(feature = "sentinel")]
-    pub fn redis_sentinel<S: Into<String>>(
-        mut self,
-        master_name: impl Into<String>,
-        sentinels: impl IntoIterator<Item = S>,
-    ) -> Self {
-        self.backend = BackendChoice::RedisSentinel(
-            master_name.into(),
-            sentinels.into_iter().map(Into::into).collect(),
-        );
-        self
-    }
-
-    /// Trust the certificate authority `pem` (PEM) for `rediss://` URLs given
-    /// to [`redis`](Self::redis) or [`redis_cluster`](Self::redis_cluster),
-    /// instead of the system's roots (feature `tls`).
+    /// Trust the certificate authority `pem` (PEM) for the `rediss://` URLs
+    /// given to [`redis`](Self::redis) (one server's, or a cluster's nodes'),
+    /// instead of the system's roots (feature `tls`): as
+    /// [`RedisTarget::tls_root_certificate`].
     #[cfg(feature = "tls")]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_root = Some(pem.into());
         self
     }
 
-    /// After Redis fails, how often one call probes it while the others are
-    /// answered by the failure policy without waiting for it (default 250 ms).
-    #[cfg(feature = "redis")]
+    /// After the backend (Redis, or one of yours) fails, how often one call
+    /// probes it while the others are answered by the failure policy without
+    /// waiting for it (default 250 ms).
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.probe_interval = Some(interval);
         self
@@ -318,7 +237,11 @@ impl RateLimiterBuilder {
         self
     }
 
-    /// Keep budgets in a backend of your own.
+    /// Keep budgets in a backend of your own. It fails over as Redis does:
+    /// a call it answers with [`Error::Backend`] goes to the failure policy
+    /// ([`on_backend_error`](Self::on_backend_error), or the rule's
+    /// `on_error`), and a circuit breaker spares it calls while it fails (see
+    /// [`Backend`] and [`probe_interval`](Self::probe_interval)).
     pub fn backend(mut self, backend: impl Backend) -> Self {
         self.backend = BackendChoice::Custom(Box::new(backend));
         self
@@ -384,10 +307,15 @@ impl RateLimiterBuilder {
         }
     }
 
+    /// How often a failed backend is probed.
+    fn probe(&self) -> Duration {
+        self.probe_interval.unwrap_or(Duration::from_millis(250))
+    }
+
     #[cfg(feature = "redis")]
-    fn redis_store(&self, redis: RedisBackend, clock: Option<Box<dyn Clock>>) -> Store {
+    fn redis_store(&self, redis: RedisBackend, clock: Option<Box<dyn Clock>>) -> Arc<dyn Store> {
         let over_limit = self.over_limit_cache.then(|| {
-            std::sync::Arc::new(OverLimitCache::new(
+            Arc::new(OverLimitCache::new(
                 self.max_keys
                     .unwrap_or(crate::backend::memory::DEFAULT_MAX_KEYS),
             ))
@@ -395,18 +323,11 @@ impl RateLimiterBuilder {
         if let Some(cache) = &over_limit {
             // What a late answer allowed, given back: the key's refusal no
             // longer holds.
-            let cache = std::sync::Arc::clone(cache);
+            let cache = Arc::clone(cache);
             redis.on_give_back(Box::new(move |key| cache.forget_key(key)));
         }
-        Store::Redis {
-            redis,
-            insurance: self.memory(clock),
-            breaker: Breaker::new(
-                self.probe_interval.unwrap_or(Duration::from_millis(250)),
-                false,
-            ),
-            over_limit,
-        }
+        let failover = Failover::new(redis, self.memory(clock), self.probe(), self.on_error);
+        Arc::new(failover.with_over_limit(over_limit))
     }
 
     /// The in-process store, on the given clock or the system's.
@@ -441,56 +362,21 @@ impl RateLimiterBuilder {
         let secret = self.secret()?;
         let clock = self.clock.take();
         let backend = std::mem::take(&mut self.backend);
-        let store = match backend {
-            BackendChoice::Memory => Store::Memory(self.memory(clock)),
+        let store: Arc<dyn Store> = match backend {
+            BackendChoice::Memory => Arc::new(self.memory(clock)),
             #[cfg(feature = "redis")]
-            BackendChoice::Redis(url) => {
-                let options = self.connect_options();
+            BackendChoice::Redis(target) => {
                 #[cfg(feature = "tls")]
-                let redis = match &self.tls_root {
-                    Some(root) => RedisBackend::open_tls(&url, root, options).await?,
-                    None => RedisBackend::open(&url, options).await?,
+                let target = match self.tls_root.take() {
+                    Some(root) => target.tls_root_certificate(root),
+                    None => target,
                 };
-                #[cfg(not(feature = "tls"))]
-                let redis = RedisBackend::open(&url, options).await?;
+                let redis = RedisBackend::connect(target, self.connect_options()).await?;
                 self.redis_store(redis, clock)
             }
-            #[cfg(feature = "redis")]
-            BackendChoice::RedisCluster(nodes) => {
-                let options = self.connect_options();
-                #[cfg(feature = "tls")]
-                let redis = match &self.tls_root {
-                    Some(root) => RedisBackend::open_cluster_tls(&nodes, root, options).await?,
-                    None => RedisBackend::open_cluster(&nodes, options).await?,
-                };
-                #[cfg(not(feature = "tls"))]
-                let redis = RedisBackend::open_cluster(&nodes, options).await?;
-                self.redis_store(redis, clock)
+            BackendChoice::Custom(backend) => {
+                backend.with_failover(self.memory(clock), self.probe(), self.on_error)
             }
-            #[cfg(feature = "redis")]
-            BackendChoice::RedisClient(client) => {
-                let redis = RedisBackend::from_client(*client, self.connect_options()).await?;
-                self.redis_store(redis, clock)
-            }
-            #[cfg(feature = "redis")]
-            BackendChoice::RedisManager(manager) => {
-                let options = self.connect_options();
-                let redis = RedisBackend::from_connection_manager(manager, options).await?;
-                self.redis_store(redis, clock)
-            }
-            #[cfg(feature = "redis")]
-            BackendChoice::RedisClusterClient(client) => {
-                let options = self.connect_options();
-                let redis = RedisBackend::from_cluster_client(*client, options).await?;
-                self.redis_store(redis, clock)
-            }
-            #[cfg(feature = "sentinel")]
-            BackendChoice::RedisSentinel(master, sentinels) => {
-                let options = self.connect_options();
-                let redis = RedisBackend::open_sentinel(&master, &sentinels, options).await?;
-                self.redis_store(redis, clock)
-            }
-            BackendChoice::Custom(backend) => Store::Custom(backend),
         };
         Ok(RateLimiter {
             on_error: self.on_error,

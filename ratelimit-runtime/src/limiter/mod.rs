@@ -2,17 +2,13 @@
 //! that store fails. [`builder`] builds one, [`install`] makes it the global
 //! or a named limiter, [`permit`] holds a call's decision and lease.
 
-#[cfg(feature = "redis")]
-mod breaker;
 mod builder;
 mod install;
 mod permit;
 mod stacked;
+mod store;
 
-use std::fmt;
-use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -22,18 +18,15 @@ pub use builder::RateLimiterBuilder;
 pub use permit::Permit;
 pub use stacked::{Permits, Verdict};
 
+use crate::backend::hook::{Answered, BackendCall, ServedBy};
 use crate::backend::memory::MemoryBackend;
-#[cfg(feature = "redis")]
-use crate::backend::redis::RedisBackend;
-use crate::backend::{Backend, RuleCheck};
 use crate::clock::Clock;
 use crate::decision::{Charge, Decision};
 use crate::error::{Error, OnError};
 use crate::rule::Rule;
 use crate::secret::KeySecret;
-#[cfg(feature = "redis")]
-use breaker::{Breaker, CircuitOpen, OverLimitCache};
 use permit::HeldLease;
+use store::Store;
 
 /// A rate limiter: a backend to keep budgets in, and what to do when it fails.
 ///
@@ -73,66 +66,14 @@ use permit::HeldLease;
 /// ```
 #[derive(Clone, Debug)]
 pub struct RateLimiter {
-    store: Arc<Store>,
+    /// The backend: the memory store, or a [`Failover`](crate::backend::Failover)
+    /// around Redis or a backend of the application's.
+    store: Arc<dyn Store>,
     on_error: OnError,
     shadow: bool,
     /// The secret of the keyed digests in its keys (its `Debug` is redacted).
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
     secret: KeySecret,
-}
-
-#[derive(Debug)]
-enum Store {
-    Memory(MemoryBackend),
-    #[cfg(feature = "redis")]
-    Redis {
-        redis: RedisBackend,
-        /// Checks the same rules in process memory while Redis fails, so the
-        /// service stays up and each instance still enforces the limits.
-        insurance: MemoryBackend,
-        breaker: Breaker,
-        /// Shared with the backend, which forgets a key's refusal when it
-        /// gives back what a late answer allowed.
-        over_limit: Option<Arc<OverLimitCache>>,
-    },
-    Custom(Box<dyn DynBackend>),
-}
-
-impl Store {
-    /// Gives a lease back at once when it was taken in process memory (the
-    /// memory store, or the insurance limiter while Redis failed); `false`
-    /// when the backend holds it.
-    fn release_in_process(&self, lease: &HeldLease) -> bool {
-        match self {
-            Store::Memory(memory) => memory.release_now(&lease.key, lease.id),
-            #[cfg(feature = "redis")]
-            Store::Redis { insurance, .. } if lease.held_by_insurance => {
-                insurance.release_now(&lease.key, lease.id)
-            }
-            _ => return false,
-        }
-        true
-    }
-
-    /// Gives a lease back, where it was taken.
-    async fn release(&self, lease: &HeldLease) -> Result<(), Error> {
-        if self.release_in_process(lease) {
-            return Ok(());
-        }
-        match self {
-            #[cfg(feature = "redis")]
-            Store::Redis { redis, .. } => {
-                Backend::release(redis, &lease.rule, &lease.key, lease.cost, lease.id).await
-            }
-            Store::Custom(backend) => {
-                backend
-                    .release(&lease.rule, &lease.key, lease.cost, lease.id)
-                    .await
-            }
-            // Released in process above.
-            Store::Memory(_) => Ok(()),
-        }
-    }
 }
 
 impl RateLimiter {
@@ -143,18 +84,18 @@ impl RateLimiter {
 
     /// An in-process limiter on the system clock: the embedded default.
     pub fn in_memory() -> RateLimiter {
-        RateLimiter::from_store(Store::Memory(MemoryBackend::new()))
+        RateLimiter::from_store(Arc::new(MemoryBackend::new()))
     }
 
     /// An in-process limiter on the given clock (a [`ManualClock`](crate::ManualClock)
     /// in tests, so they advance time instead of sleeping).
     pub fn in_memory_with_clock(clock: impl Clock) -> RateLimiter {
-        RateLimiter::from_store(Store::Memory(MemoryBackend::with_clock(clock)))
+        RateLimiter::from_store(Arc::new(MemoryBackend::with_clock(clock)))
     }
 
-    fn from_store(store: Store) -> RateLimiter {
+    fn from_store(store: Arc<dyn Store>) -> RateLimiter {
         RateLimiter {
-            store: Arc::new(store),
+            store,
             on_error: OnError::default(),
             shadow: false,
             secret: KeySecret::Process,
@@ -191,12 +132,7 @@ impl RateLimiter {
 
     /// The name of the backend: `"memory"`, `"redis"` or `"custom"`.
     pub fn backend_name(&self) -> &'static str {
-        match &*self.store {
-            Store::Memory(_) => "memory",
-            #[cfg(feature = "redis")]
-            Store::Redis { .. } => "redis",
-            Store::Custom(_) => "custom",
-        }
+        self.store.name()
     }
 
     /// Checks and consumes one unit of `key`'s budget under `rule`.
@@ -283,12 +219,7 @@ impl RateLimiter {
     /// this is an operator's question), [`Error::Unsupported`] from a custom
     /// backend without it.
     pub async fn peek(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
-        match &*self.store {
-            Store::Memory(memory) => Ok(memory.peek_now(rule, key)),
-            #[cfg(feature = "redis")]
-            Store::Redis { redis, .. } => Backend::peek(redis, rule, key).await,
-            Store::Custom(backend) => backend.peek(rule, key).await,
-        }
+        self.store.peek(rule, key).await
     }
 
     /// Gives back what a call took from `key`'s budget under `rule`
@@ -300,7 +231,7 @@ impl RateLimiter {
     /// window, or once a bucket was full again, it gives nothing; nor does a
     /// sliding log's refund with more than 1,024 calls to rewrite (its own
     /// and the ones logged after it). What it means per algorithm is on
-    /// [`Backend::refund`].
+    /// [`Backend::refund`](crate::Backend::refund).
     ///
     /// ```
     /// use std::time::Duration;
@@ -328,26 +259,7 @@ impl RateLimiter {
     /// yours may give the units back twice.
     pub async fn refund(&self, rule: &Rule, key: &str, charge: Charge) -> Result<Decision, Error> {
         validate_cost(rule, charge.units())?;
-        match &*self.store {
-            Store::Memory(memory) => memory.refund_now(rule, key, &charge),
-            #[cfg(feature = "redis")]
-            Store::Redis {
-                redis,
-                insurance,
-                over_limit,
-                ..
-            } => {
-                if charge.local {
-                    return insurance.refund_now(rule, key, &charge);
-                }
-                let decision = Backend::refund(redis, rule, key, charge).await;
-                if let Some(cache) = over_limit {
-                    cache.forget(rule, key);
-                }
-                decision
-            }
-            Store::Custom(backend) => backend.refund(rule, key, charge).await,
-        }
+        self.store.refund(rule, key, charge).await
     }
 
     /// Forgets `key`'s state under `rule`, so its whole budget is there
@@ -359,29 +271,12 @@ impl RateLimiter {
     ///
     /// As [`peek`](RateLimiter::peek).
     pub async fn reset(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
-        match &*self.store {
-            Store::Memory(memory) => Ok(memory.reset_now(rule, key)),
-            #[cfg(feature = "redis")]
-            Store::Redis {
-                redis,
-                insurance,
-                over_limit,
-                ..
-            } => {
-                insurance.reset_now(rule, key);
-                let decision = Backend::reset(redis, rule, key).await;
-                if let Some(cache) = over_limit {
-                    cache.forget(rule, key);
-                }
-                decision
-            }
-            Store::Custom(backend) => backend.reset(rule, key).await,
-        }
+        self.store.reset(rule, key).await
     }
 
     /// [`acquire`](RateLimiter::acquire) under the failure policy `on_error`.
     ///
-    /// In process memory the answer is decided here; a backend's call is
+    /// A store in process memory answers at once; a backend's call is
     /// boxed, so the futures of in-memory checks stay small.
     pub(crate) async fn acquire_with(
         &self,
@@ -391,32 +286,68 @@ impl RateLimiter {
         on_error: OnError,
     ) -> Result<Permit, Error> {
         validate_cost(rule, cost)?;
-        match &*self.store {
-            Store::Memory(memory) => {
-                let id = if holds_leases(rule) {
-                    next_lease_id()
-                } else {
-                    0
-                };
-                let (decision, stamp) = in_memory(memory, rule, key, cost, id);
-                Ok(self.permit(rule, key, cost, id, (decision, stamp), false))
-            }
-            _ => Box::pin(self.acquire_from_backend(rule, key, cost, on_error)).await,
-        }
+        let lease = holds_leases(rule).then(next_lease_id);
+        let call = BackendCall {
+            rule,
+            key,
+            cost,
+            lease,
+            on_error,
+        };
+        // `call` is moved into the backend's future, not kept beside it.
+        let answer = match self.store.answer_now(&call) {
+            Some(answer) => answer,
+            None => self.store.answer(call).await?,
+        };
+        Ok(self.permit(rule, key, cost, lease, answer))
     }
 
-    /// The permit for a decision and its stamp (with a lease for an allowed
-    /// concurrency call, else a charge for an allowed call).
+    /// [`acquire_with`](Self::acquire_with) answered without waiting, when
+    /// the store answers at once (process memory); `None` when the store
+    /// must be awaited (nothing is checked then).
+    pub(crate) fn acquire_now(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        on_error: OnError,
+    ) -> Option<Result<Permit, Error>> {
+        if let Err(error) = validate_cost(rule, cost) {
+            return Some(Err(error));
+        }
+        let lease = holds_leases(rule).then(next_lease_id);
+        let call = BackendCall {
+            rule,
+            key,
+            cost,
+            lease,
+            on_error,
+        };
+        let answer = self.store.answer_now(&call)?;
+        Some(Ok(self.permit(rule, key, cost, lease, answer)))
+    }
+
+    /// The permit for an answer: with a lease for an allowed concurrency
+    /// call, else a charge for an allowed call.
     fn permit(
         &self,
         rule: &Rule,
         key: &str,
         cost: u64,
-        id: u64,
-        (decision, stamp): (Decision, Option<u64>),
-        local: bool,
+        lease: Option<u64>,
+        answer: Answered,
     ) -> Permit {
-        let lease = (holds_leases(rule) && decision.allowed).then(|| {
+        let Answered {
+            decision,
+            stamp,
+            by,
+        } = answer;
+        if by == ServedBy::Unchecked {
+            return Permit::allowed_unchecked(rule);
+        }
+        let local = by == ServedBy::Insurance;
+        let charge = (decision.allowed && lease.is_none()).then(|| Charge::new(cost, stamp, local));
+        let lease = lease.filter(|_| decision.allowed).map(|id| {
             Box::new(HeldLease {
                 store: Arc::clone(&self.store),
                 rule: *rule,
@@ -427,8 +358,6 @@ impl RateLimiter {
                 released: false,
             })
         });
-        let charge = (decision.allowed && lease.is_none() && !holds_leases(rule))
-            .then(|| Charge::new(cost, stamp, local));
         Permit {
             decision,
             lease,
@@ -436,103 +365,6 @@ impl RateLimiter {
             local,
             unchecked: false,
         }
-    }
-
-    async fn acquire_from_backend(
-        &self,
-        rule: &Rule,
-        key: &str,
-        cost: u64,
-        on_error: OnError,
-    ) -> Result<Permit, Error> {
-        #[cfg(not(feature = "redis"))]
-        let _ = on_error; // only the Redis backend fails over
-        let concurrency = holds_leases(rule);
-        let id = if concurrency { next_lease_id() } else { 0 };
-        let (decision, held_by_insurance) = match &*self.store {
-            Store::Memory(memory) => (in_memory(memory, rule, key, cost, id), false),
-            #[cfg(feature = "redis")]
-            Store::Redis {
-                redis,
-                insurance,
-                breaker,
-                over_limit,
-            } => {
-                let cache = over_limit.as_ref().filter(|_| !concurrency);
-                if let Some(decision) = cache.and_then(|c| c.refused(rule, key, cost)) {
-                    return Ok(Permit {
-                        decision,
-                        lease: None,
-                        charge: None,
-                        local: false,
-                        unchecked: false,
-                    });
-                }
-                // The cache, with the time the request left (read only for it).
-                let remembering = cache.map(|cache| (cache, std::time::Instant::now()));
-                let answer = if !breaker.allow() {
-                    Err(Error::backend(CircuitOpen))
-                } else {
-                    #[cfg(feature = "metrics")]
-                    let sent = std::time::Instant::now();
-                    let answer = if concurrency {
-                        Backend::acquire(redis, rule, key, cost, id)
-                            .await
-                            .map(|decision| (decision, None))
-                    } else {
-                        redis.check_charged(rule, key, cost).await
-                    };
-                    #[cfg(feature = "metrics")]
-                    ::metrics::histogram!(
-                        "ratelimit_backend_seconds",
-                        "result" => if answer.is_ok() { "ok" } else { "error" }
-                    )
-                    .record(sent.elapsed().as_secs_f64());
-                    answer
-                };
-                match answer {
-                    Ok((decision, stamp)) => {
-                        breaker.succeeded();
-                        if let Some((cache, sent)) = remembering {
-                            cache.remember(rule, key, cost, &decision, sent);
-                        }
-                        ((decision, stamp), false)
-                    }
-                    Err(error) => {
-                        if !matches!(&error, Error::Backend(e) if e.is::<CircuitOpen>()) {
-                            breaker.failed(&error, on_error);
-                        }
-                        match on_error {
-                            OnError::Local => (in_memory(insurance, rule, key, cost, id), true),
-                            OnError::Allow => return Ok(Permit::allowed_unchecked(rule)),
-                            OnError::Deny => return Err(error),
-                        }
-                    }
-                }
-            }
-            Store::Custom(backend) if concurrency => {
-                ((backend.acquire(rule, key, cost, id).await?, None), false)
-            }
-            Store::Custom(backend) => ((backend.check(rule, key, cost).await?, None), false),
-        };
-        Ok(self.permit(rule, key, cost, id, decision, held_by_insurance))
-    }
-}
-
-/// One check in process memory, and the stamp of what it charged; for a
-/// rule that holds leases, lease `id` is taken.
-fn in_memory(
-    memory: &MemoryBackend,
-    rule: &Rule,
-    key: &str,
-    cost: u64,
-    id: u64,
-) -> (Decision, Option<u64>) {
-    if holds_leases(rule) {
-        (memory.acquire_now(rule, key, cost, id), None)
-    } else {
-        let (decision, charge) = memory.charge_now(rule, key, cost);
-        (decision, charge.and_then(|charge| charge.stamp()))
     }
 }
 
@@ -560,80 +392,10 @@ fn next_lease_id() -> u64 {
     SEED.get_or_init(RandomState::new).hash_one(n)
 }
 
-type CheckFuture<'a> = Pin<Box<dyn Future<Output = Result<Decision, Error>> + Send + 'a>>;
-
-/// [`Backend`] made object-safe, for custom backends (the built-in ones are
-/// called without boxing).
-trait DynBackend: Send + Sync + fmt::Debug + 'static {
-    fn check<'a>(&'a self, rule: &'a Rule, key: &'a str, cost: u64) -> CheckFuture<'a>;
-    fn acquire<'a>(
-        &'a self,
-        rule: &'a Rule,
-        key: &'a str,
-        cost: u64,
-        lease: u64,
-    ) -> CheckFuture<'a>;
-    fn release<'a>(
-        &'a self,
-        rule: &'a Rule,
-        key: &'a str,
-        cost: u64,
-        lease: u64,
-    ) -> ReleaseFuture<'a>;
-    fn peek<'a>(&'a self, rule: &'a Rule, key: &'a str) -> CheckFuture<'a>;
-    fn refund<'a>(&'a self, rule: &'a Rule, key: &'a str, charge: Charge) -> CheckFuture<'a>;
-    fn reset<'a>(&'a self, rule: &'a Rule, key: &'a str) -> CheckFuture<'a>;
-    fn check_all<'a>(&'a self, checks: &'a [RuleCheck<'a>]) -> CheckAllFuture<'a>;
-}
-
-type CheckAllFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<Decision>, Error>> + Send + 'a>>;
-
-type ReleaseFuture<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'a>>;
-
-impl<B: Backend> DynBackend for B {
-    fn check<'a>(&'a self, rule: &'a Rule, key: &'a str, cost: u64) -> CheckFuture<'a> {
-        Box::pin(Backend::check(self, rule, key, cost))
-    }
-
-    fn acquire<'a>(
-        &'a self,
-        rule: &'a Rule,
-        key: &'a str,
-        cost: u64,
-        lease: u64,
-    ) -> CheckFuture<'a> {
-        Box::pin(Backend::acquire(self, rule, key, cost, lease))
-    }
-
-    fn release<'a>(
-        &'a self,
-        rule: &'a Rule,
-        key: &'a str,
-        cost: u64,
-        lease: u64,
-    ) -> ReleaseFuture<'a> {
-        Box::pin(Backend::release(self, rule, key, cost, lease))
-    }
-
-    fn peek<'a>(&'a self, rule: &'a Rule, key: &'a str) -> CheckFuture<'a> {
-        Box::pin(Backend::peek(self, rule, key))
-    }
-
-    fn refund<'a>(&'a self, rule: &'a Rule, key: &'a str, charge: Charge) -> CheckFuture<'a> {
-        Box::pin(Backend::refund(self, rule, key, charge))
-    }
-
-    fn reset<'a>(&'a self, rule: &'a Rule, key: &'a str) -> CheckFuture<'a> {
-        Box::pin(Backend::reset(self, rule, key))
-    }
-
-    fn check_all<'a>(&'a self, checks: &'a [RuleCheck<'a>]) -> CheckAllFuture<'a> {
-        Box::pin(Backend::check_all(self, checks))
-    }
-}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Backend;
     use std::collections::HashMap;
     use std::sync::Mutex;
     use std::time::Duration;

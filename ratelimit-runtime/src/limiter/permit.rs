@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::Store;
+use crate::backend::hook::LeaseRef;
 use crate::decision::{Charge, Decision};
 use crate::error::Error;
 use crate::rule::Rule;
@@ -70,7 +71,7 @@ impl Permit {
         match self.lease.take() {
             Some(mut lease) => {
                 lease.released = true;
-                lease.store.release(&lease).await
+                lease.store.release(lease.lease_ref()).await
             }
             None => Ok(()),
         }
@@ -80,15 +81,26 @@ impl Permit {
 /// Units of a concurrency rule held by one call, and where to give them back.
 #[derive(Debug)]
 pub(super) struct HeldLease {
-    pub(super) store: Arc<Store>,
+    pub(super) store: Arc<dyn Store>,
     pub(super) rule: Rule,
     pub(super) key: Box<str>,
     pub(super) cost: u64,
     pub(super) id: u64,
     /// Taken by the insurance limiter while the backend failed.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(super) held_by_insurance: bool,
     pub(super) released: bool,
+}
+
+impl HeldLease {
+    fn lease_ref(&self) -> LeaseRef<'_> {
+        LeaseRef {
+            rule: &self.rule,
+            key: &self.key,
+            cost: self.cost,
+            id: self.id,
+            insurance: self.held_by_insurance,
+        }
+    }
 }
 
 impl Drop for HeldLease {
@@ -99,7 +111,7 @@ impl Drop for HeldLease {
         self.released = true;
         // Held by the backend (Redis, custom): released from a task (without
         // a runtime, it expires after the rule's period).
-        if !self.store.release_in_process(self)
+        if !self.store.release_now(&self.lease_ref())
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             let lease = HeldLease {
@@ -109,7 +121,7 @@ impl Drop for HeldLease {
                 ..*self
             };
             runtime.spawn(async move {
-                if let Err(error) = lease.store.release(&lease).await {
+                if let Err(error) = lease.store.release(lease.lease_ref()).await {
                     tracing::debug!(%error, "could not release a concurrency lease; it will expire");
                 }
             });

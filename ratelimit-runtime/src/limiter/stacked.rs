@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use super::{Permit, RateLimiter, Store, holds_leases, next_lease_id, validate_cost};
+use super::{Permit, RateLimiter, holds_leases, next_lease_id, validate_cost};
 use crate::backend::RuleCheck;
+use crate::backend::hook::Answered;
 use crate::decision::{Decision, RateLimited};
 use crate::error::{Error, OnError};
 use crate::rule::Rule;
@@ -183,129 +184,41 @@ impl RateLimiter {
                 },
             })
             .collect();
-        let (raw, local) = match self.store.check_all(&checks, on_error).await? {
-            Some(answer) => answer,
-            None => {
-                let permits = checks
-                    .iter()
-                    .map(|c| Permit::allowed_unchecked(c.rule))
-                    .collect();
-                return Ok(Permits {
-                    permits,
-                    refused: None,
-                });
-            }
-        };
+        let raw = self.store.answer_all(&checks, on_error).await?;
         let (settled, refused) = settle(&checks, raw);
         let permits = checks
             .iter()
             .zip(settled)
-            .map(|(c, answer)| self.permit(c.rule, c.key, c.cost, c.lease, answer, local))
+            .map(|(c, answer)| {
+                let lease = holds_leases(c.rule).then_some(c.lease);
+                self.permit(c.rule, c.key, c.cost, lease, answer)
+            })
             .collect();
         Ok(Permits { permits, refused })
     }
 }
 
-/// Each rule's decision and stamp as the backend found them, made the
-/// set's: if any rule refused, none was charged. The refusing rule: the
-/// one with the longest `retry_after`.
-fn settle(
-    checks: &[RuleCheck<'_>],
-    mut raw: Vec<(Decision, Option<u64>)>,
-) -> (Vec<(Decision, Option<u64>)>, Option<usize>) {
+/// Each rule's answer as the backend found it, made the set's: if any rule
+/// refused, none was charged. The refusing rule: the one with the longest
+/// `retry_after`.
+fn settle(checks: &[RuleCheck<'_>], mut raw: Vec<Answered>) -> (Vec<Answered>, Option<usize>) {
     let mut refused: Option<(usize, Duration)> = None;
-    for (i, (decision, _)) in raw.iter().enumerate() {
+    for (i, answer) in raw.iter().enumerate() {
+        let decision = &answer.decision;
         if !decision.allowed && refused.is_none_or(|(_, longest)| decision.retry_after > longest) {
             refused = Some((i, decision.retry_after));
         }
     }
     if refused.is_some() {
-        for ((decision, stamp), check) in raw.iter_mut().zip(checks) {
+        for (answer, check) in raw.iter_mut().zip(checks) {
+            let decision = &mut answer.decision;
             if decision.allowed {
                 decision.allowed = false;
                 decision.remaining = decision.remaining.saturating_add(check.cost);
                 decision.retry_after = Duration::ZERO;
-                *stamp = None;
+                answer.stamp = None;
             }
         }
     }
     (raw, refused.map(|(i, _)| i))
-}
-
-impl Store {
-    /// Checks a set where its budgets are, under the failure policy
-    /// `on_error`: each rule's decision and stamp, and whether the
-    /// in-process insurance limiter answered; `None` when the backend
-    /// failed under the `allow` policy (nothing checked).
-    pub(super) async fn check_all(
-        &self,
-        checks: &[RuleCheck<'_>],
-        on_error: OnError,
-    ) -> Result<Option<(Vec<(Decision, Option<u64>)>, bool)>, Error> {
-        #[cfg(not(feature = "redis"))]
-        let _ = on_error; // only the Redis backend fails over
-        match self {
-            Store::Memory(memory) => Ok(Some((in_memory(memory, checks), false))),
-            #[cfg(feature = "redis")]
-            Store::Redis {
-                redis,
-                insurance,
-                breaker,
-                ..
-            } => {
-                let answer = if !breaker.allow() {
-                    Err(Error::backend(super::CircuitOpen))
-                } else {
-                    redis.check_all_charged(checks).await
-                };
-                match answer {
-                    Ok(answer) => {
-                        breaker.succeeded();
-                        Ok(Some((answer, false)))
-                    }
-                    Err(error) => {
-                        if !matches!(&error, Error::Backend(e) if e.is::<super::CircuitOpen>()) {
-                            breaker.failed(&error, on_error);
-                        }
-                        match on_error {
-                            OnError::Local => Ok(Some((in_memory(insurance, checks), true))),
-                            OnError::Allow => Ok(None),
-                            OnError::Deny => Err(error),
-                        }
-                    }
-                }
-            }
-            Store::Custom(backend) => {
-                let decisions = backend.check_all(checks).await?;
-                if decisions.len() != checks.len() {
-                    return Err(Error::Unsupported(
-                        "a custom backend's check_all answered another number of decisions",
-                    ));
-                }
-                Ok(Some((
-                    decisions.into_iter().map(|d| (d, None)).collect(),
-                    false,
-                )))
-            }
-        }
-    }
-}
-
-/// A set checked in process memory: each rule's decision, and the stamp of
-/// what an allowed check (not a lease) charged.
-fn in_memory(
-    memory: &crate::backend::memory::MemoryBackend,
-    checks: &[RuleCheck<'_>],
-) -> Vec<(Decision, Option<u64>)> {
-    let (outcomes, now) = memory.check_all_now(checks);
-    outcomes
-        .iter()
-        .zip(checks)
-        .map(|(outcome, c)| {
-            let stamp = (outcome.allowed && !holds_leases(c.rule)).then(|| {
-                crate::algorithm::stamp(c.rule.algorithm(), c.rule.period_us(), now, outcome)
-            });
-            (outcome.decision(c.rule), stamp)
-        })
-        .collect()
 }

@@ -8,6 +8,7 @@ use std::sync::MutexGuard;
 use super::shard::{Entry, ShardMap, Slot, key_hash};
 use super::{MemoryBackend, SHARDS};
 use crate::algorithm::{self, Outcome, State};
+use crate::backend::hook::Answered;
 use crate::backend::{RuleCheck, StoredKey};
 use crate::rule::Rule;
 
@@ -25,6 +26,24 @@ impl MemoryBackend {
     /// [`Backend::check_all`](crate::Backend::check_all)): each rule's
     /// outcome, and the time (µs) they were decided at. Nothing is written
     /// unless every rule allows the call.
+    /// [`check_all_now`](MemoryBackend::check_all_now) as the hooks answer
+    /// it: each rule's decision, and the stamp of what an allowed check (not
+    /// a lease) charged.
+    pub(crate) fn answer_all(&self, checks: &[RuleCheck<'_>]) -> Vec<Answered> {
+        let (outcomes, now) = self.check_all_now(checks);
+        outcomes
+            .iter()
+            .zip(checks)
+            .map(|(outcome, c)| {
+                let spec = algorithm::spec(c.rule.algorithm());
+                let stamp = (outcome.allowed && !spec.leases).then(|| {
+                    algorithm::stamp(c.rule.algorithm(), c.rule.period_us(), now, outcome)
+                });
+                Answered::by_backend(outcome.decision(c.rule), stamp)
+            })
+            .collect()
+    }
+
     pub(crate) fn check_all_now(&self, checks: &[RuleCheck<'_>]) -> (Vec<Outcome>, u64) {
         let inner = &self.inner;
         let hashes: Vec<u64> = checks

@@ -9,9 +9,10 @@ use std::time::Duration;
 use tokio::sync::{OwnedMutexGuard, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::codec::{self, Call, Clock, Op};
+use super::codec::{self, Call, Op, Ran, TimeSource};
 use super::connection::{
-    Busy, Conn, Target, call_script, functions_refused, not_run, not_sent, script_call,
+    Busy, Conn, Endpoint, LATE_ANSWER, call_script, functions_refused, not_run, not_sent,
+    script_call,
 };
 use super::give_back::{self, Delivered, Settled};
 use super::nodes;
@@ -40,15 +41,11 @@ const RELEASED: Outcome = Outcome {
     retry_after_us: 0,
 };
 
-/// What a job that ran answers: its outcome, and the time it ran at (µs of
-/// the server's clock, or the time it was given; `None` when unknown).
-pub(super) type Ran = (Outcome, Option<u64>);
-
 /// Where a job's answer arrives.
-pub(super) type Answer = oneshot::Receiver<Result<Delivered, Error>>;
+pub(super) type AnswerRx = oneshot::Receiver<Result<Delivered, Error>>;
 
 /// Where a job's answer goes.
-type Reply = oneshot::Sender<Result<Delivered, Error>>;
+type AnswerTx = oneshot::Sender<Result<Delivered, Error>>;
 
 /// One check (or release) waiting to be sent in a batch.
 pub(super) struct Job {
@@ -59,11 +56,11 @@ pub(super) struct Job {
     /// to run, see [`Home`]; a batch has one).
     deadline: Instant,
     /// Taken when the answer is given.
-    reply: Option<Reply>,
+    reply: Option<AnswerTx>,
 }
 
 impl Job {
-    pub(super) fn new(key: &str, call: Call, deadline: Instant) -> (Job, Answer) {
+    pub(super) fn new(key: &str, call: Call, deadline: Instant) -> (Job, AnswerRx) {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             key: StoredKey::new(key),
@@ -268,7 +265,7 @@ pub(super) async fn run_batches(
 /// single server; on a cluster, one group per master by the slot map, or
 /// each alone where no map is known (see [`nodes`]).
 pub(super) fn by_call(jobs: Vec<Job>, conn: &Conn) -> Vec<Vec<Job>> {
-    if !matches!(conn.target, Target::Cluster(_)) {
+    if !matches!(conn.endpoint, Endpoint::Cluster(_)) {
         return vec![jobs];
     }
     match conn.slot_map() {
@@ -289,17 +286,6 @@ impl fmt::Display for NotHere {
 }
 
 impl std::error::Error for NotHere {}
-
-/// How long a script call's answer is still waited for once every caller of
-/// it has been answered (by its deadline): an allowed check it holds is
-/// then given back.
-const LATE_ANSWER: Duration = Duration::from_secs(2);
-
-/// How long the connection waits for any answer: past every deadline, so
-/// that a late answer still arrives (see [`LATE_ANSWER`]).
-pub(super) fn response_timeout(timeout: Duration) -> Duration {
-    timeout.max(LATE_ANSWER)
-}
 
 /// Runs one batch and hands each check its answer, or `TimedOut` at its own
 /// deadline, whichever comes first.
@@ -345,7 +331,7 @@ pub(super) async fn send_batch(
         job.call.deadline = conn.server_deadline(job.deadline, margin);
     }
     // The answers go out as they are due: each job's own reply.
-    let mut replies: Vec<(Instant, Option<Reply>)> = jobs
+    let mut replies: Vec<(Instant, Option<AnswerTx>)> = jobs
         .iter_mut()
         .map(|job| (job.deadline, job.reply.take()))
         .collect();
@@ -359,7 +345,7 @@ pub(super) async fn send_batch(
             // Several calls on a cluster: keys of several slots, which one
             // master serves (see `by_call`), go as arguments of the
             // library's `node` function, sent to the master of the first.
-            let spread = matches!(conn.target, Target::Cluster(_)) && wire.len() > 1;
+            let spread = matches!(conn.endpoint, Endpoint::Cluster(_)) && wire.len() > 1;
             let call = |function: bool| {
                 if function && let [(key, call)] = &wire[..] {
                     // Alone: the library's leaner function for one call.
@@ -472,7 +458,7 @@ fn settle(
     reply: Result<Vec<u8>, Error>,
     wire: &Arc<[(StoredKey, Call)]>,
     checks: usize,
-    replies: Vec<(Instant, Option<Reply>)>,
+    replies: Vec<(Instant, Option<AnswerTx>)>,
     conn: &Arc<Conn>,
     scripts: &Arc<Scripts>,
     timeout: Duration,
@@ -501,20 +487,20 @@ fn settle(
             // Made for the first answer that may be left unread.
             let mut batch: Option<Arc<Settled>> = None;
             for (i, ((key, call), (deadline, reply))) in wire.iter().zip(replies).enumerate() {
-                let answer = answers.next().unwrap_or(codec::Answer::Ran(RELEASED));
+                let answer = answers.next().unwrap_or(codec::ScriptAnswer::Ran(RELEASED));
                 let now = match call.clock {
-                    Clock::Server => server_time,
-                    Clock::Fixed(now) => Some(now),
+                    TimeSource::Server => server_time,
+                    TimeSource::Fixed(now) => Some(now),
                 };
                 let outcome = match answer {
-                    codec::Answer::Ran(outcome) => outcome,
-                    codec::Answer::Late => {
+                    codec::ScriptAnswer::Ran(outcome) => outcome,
+                    codec::ScriptAnswer::Late => {
                         if let Some(reply) = reply {
                             let _ = reply.send(Err(Error::backend(Expired(timeout))));
                         }
                         continue;
                     }
-                    codec::Answer::Refused => {
+                    codec::ScriptAnswer::Refused => {
                         refused.push((key, call, (deadline, reply)));
                         continue;
                     }
@@ -531,6 +517,7 @@ fn settle(
                                     conn: Arc::clone(conn),
                                     scripts: Arc::clone(scripts),
                                     timeout,
+                                    send: give_back,
                                 })
                             });
                             (Arc::clone(batch), i)
@@ -538,11 +525,11 @@ fn settle(
                         let _ = reply.send(Ok(Delivered::new((outcome, now), unread)));
                     }
                     _ if holds => {
-                        if let Some(job) = give_back::give_back_of(key, call, &outcome, now) {
+                        if let Some(gift) = give_back::give_back_of(key, call, &outcome, now) {
                             tracing::debug!(
                                 "Redis allowed a check whose caller had stopped waiting: given back"
                             );
-                            give_backs.push(job);
+                            give_backs.push(gift);
                         }
                     }
                     _ => {}
@@ -552,7 +539,7 @@ fn settle(
                 send_alone(refused.into_iter(), conn, scripts, timeout);
             }
             if !give_backs.is_empty() {
-                tokio::spawn(give_back::give_back(
+                tokio::spawn(give_back(
                     give_backs,
                     Arc::clone(conn),
                     Arc::clone(scripts),
@@ -571,12 +558,40 @@ fn settle(
     }
 }
 
+/// Sends what is given back for callers that are gone: the releases of
+/// their leases and the refunds of their checks (boxed: a batch that sends
+/// them is itself a batch). Then a refusal remembered for their keys (the
+/// limiter's over-limit cache) is forgotten.
+pub(super) fn give_back(
+    gifts: Vec<(StoredKey, Call)>,
+    conn: Arc<Conn>,
+    scripts: Arc<Scripts>,
+    timeout: Duration,
+) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let keys: Vec<StoredKey> = gifts.iter().map(|(key, _)| key.clone()).collect();
+        let jobs = gifts
+            .into_iter()
+            .map(|(key, call)| Job::detached(key, call));
+        for calls in by_call(jobs.collect(), &conn) {
+            send_batch(calls, &conn, &scripts, timeout).await;
+        }
+        if let Some(forget) = conn.given_back.get() {
+            for key in &keys {
+                if let Ok(key) = std::str::from_utf8(key.as_bytes()) {
+                    forget(key);
+                }
+            }
+        }
+    })
+}
+
 /// Sends each of these calls of a cluster batch that did not run (their
 /// master did not serve all the batch's keys, or refused a write of
 /// theirs) again, alone, routed by its own key, by its caller's deadline;
 /// and asks the cluster for its slot map anew.
 fn send_alone<'a>(
-    jobs: impl Iterator<Item = (&'a StoredKey, &'a Call, (Instant, Option<Reply>))>,
+    jobs: impl Iterator<Item = (&'a StoredKey, &'a Call, (Instant, Option<AnswerTx>))>,
     conn: &Arc<Conn>,
     scripts: &Arc<Scripts>,
     timeout: Duration,
@@ -688,7 +703,7 @@ impl std::error::Error for Shared {
 
 #[cfg(test)]
 mod tests {
-    use super::super::codec::Clock;
+    use super::super::codec::TimeSource;
     use super::*;
     use crate::rule::{Algorithm, Rule};
 
@@ -696,7 +711,13 @@ mod tests {
         let rule = Rule::new(Algorithm::FixedWindow, 10, Duration::from_secs(1));
         keys.iter()
             .map(|key| {
-                let call = Call::new(Op::Check(rule.algorithm()), &rule, 1, Clock::Server, None);
+                let call = Call::new(
+                    Op::Check(rule.algorithm()),
+                    &rule,
+                    1,
+                    TimeSource::Server,
+                    None,
+                );
                 Job::new(key, call, Instant::now()).0
             })
             .collect()

@@ -7,7 +7,7 @@
 //! | argument | what |
 //! |---|---|
 //! | `KEYS` | one key per check, then one per release |
-//! | `ARGV[1]` | the batch's distinct rules, 6 big-endian doubles each: [`Op`] id, count, burst, period (µs), [`Clock`] (µs; -1 for the server's `TIME`), whether its checks carry a lease id (1/0) |
+//! | `ARGV[1]` | the batch's distinct rules, 6 big-endian doubles each: [`Op`] id, count, burst, period (µs), [`TimeSource`] (µs; -1 for the server's `TIME`), whether its checks carry a lease id (1/0) |
 //! | `ARGV[2]` | one byte per check: the number (from 1) of its rule in `ARGV[1]` |
 //! | `ARGV[3]` | the costs, one big-endian double per check then per release; empty when every cost is 1 |
 //! | `ARGV[4]` | how many checks, first in `KEYS`, keep a string state and are the first of their key: the script reads them all in one `MGET` |
@@ -94,12 +94,14 @@ impl Op {
 
 /// The clock a check runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Clock {
+pub(super) enum TimeSource {
     /// The server's `TIME`: every check of the limiter.
     Server,
     /// A fixed time (µs since the Unix epoch), for tests that hold Redis and
     /// the memory backend side by side. Keys written so get an hour's extra
-    /// TTL, since their times are not the server's.
+    /// TTL, since their times are not the server's. Only the test hooks
+    /// (feature `testing`) and the codec's tests make one.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     Fixed(u64),
 }
 
@@ -113,14 +115,20 @@ pub(super) struct Call {
     pub(super) burst: u64,
     pub(super) period_us: u64,
     pub(super) cost: u64,
-    pub(super) clock: Clock,
+    pub(super) clock: TimeSource,
     pub(super) lease: Option<u64>,
     /// The latest server time (µs) at which the script may still run it.
     pub(super) deadline: Option<u64>,
 }
 
 impl Call {
-    pub(super) fn new(op: Op, rule: &Rule, cost: u64, clock: Clock, lease: Option<u64>) -> Call {
+    pub(super) fn new(
+        op: Op,
+        rule: &Rule,
+        cost: u64,
+        clock: TimeSource,
+        lease: Option<u64>,
+    ) -> Call {
         Call {
             op,
             algorithm: rule.algorithm(),
@@ -150,8 +158,8 @@ impl Call {
     /// What a check shares with the checks of the same rule in a batch.
     fn rule(&self) -> [u64; 6] {
         let now = match self.clock {
-            Clock::Server => u64::MAX,
-            Clock::Fixed(now) => now,
+            TimeSource::Server => u64::MAX,
+            TimeSource::Fixed(now) => now,
         };
         [
             u64::from(self.op.id()),
@@ -272,9 +280,13 @@ pub(super) fn not_here(reply: &[u8]) -> bool {
     reply == (-2.0f64).to_be_bytes()
 }
 
+/// What a job that ran answers: its outcome, and the time it ran at (µs of
+/// the server's clock, or the time it was given; `None` when unknown).
+pub(super) type Ran = (Outcome, Option<u64>);
+
 /// A check's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Answer {
+pub(super) enum ScriptAnswer {
     /// It ran.
     Ran(Outcome),
     /// The script reached it after its deadline and did not run it.
@@ -289,7 +301,10 @@ pub(super) enum Answer {
 /// # Errors
 ///
 /// A reply that is not 4 numbers per check and the time.
-pub(super) fn decode(reply: &[u8], checks: usize) -> Result<(Vec<Answer>, Option<u64>), Error> {
+pub(super) fn decode(
+    reply: &[u8],
+    checks: usize,
+) -> Result<(Vec<ScriptAnswer>, Option<u64>), Error> {
     if reply.len() != 32 * checks + 8 {
         return Err(Error::Config(format!(
             "the batch script answered {} bytes for {checks} checks",
@@ -304,12 +319,12 @@ pub(super) fn decode(reply: &[u8], checks: usize) -> Result<(Vec<Answer>, Option
         .map(|answer| {
             let n = |i: usize| number(&answer[8 * i..8 * i + 8]);
             if n(0) == 2.0 {
-                return Answer::Late;
+                return ScriptAnswer::Late;
             }
             if n(0) == 3.0 {
-                return Answer::Refused;
+                return ScriptAnswer::Refused;
             }
-            Answer::Ran(Outcome {
+            ScriptAnswer::Ran(Outcome {
                 allowed: n(0) == 1.0,
                 remaining: whole(n(1)),
                 reset_after_us: whole(n(2)),
@@ -351,19 +366,19 @@ mod tests {
         let calls = [
             (
                 &b"k1"[..],
-                Call::new(Op::Check(a.algorithm()), &a, 1, Clock::Server, None),
+                Call::new(Op::Check(a.algorithm()), &a, 1, TimeSource::Server, None),
             ),
             (
                 &b"k2"[..],
-                Call::new(Op::Check(b.algorithm()), &b, 1, Clock::Fixed(7), None),
+                Call::new(Op::Check(b.algorithm()), &b, 1, TimeSource::Fixed(7), None),
             ),
             (
                 &b"k3"[..],
-                Call::new(Op::Check(a.algorithm()), &a, 1, Clock::Server, None),
+                Call::new(Op::Check(a.algorithm()), &a, 1, TimeSource::Server, None),
             ),
             (
                 &b"k4"[..],
-                Call::new(Op::Release, &a, 1, Clock::Server, Some(42)),
+                Call::new(Op::Release, &a, 1, TimeSource::Server, Some(42)),
             ),
         ];
         let mut cmd = redis::cmd("FCALL");
@@ -395,13 +410,13 @@ mod tests {
         assert_eq!(
             answers,
             [
-                Answer::Ran(Outcome {
+                ScriptAnswer::Ran(Outcome {
                     allowed: true,
                     remaining: 9,
                     reset_after_us: 1000,
                     retry_after_us: 0
                 }),
-                Answer::Late
+                ScriptAnswer::Late
             ]
         );
         assert_eq!(time, Some(1_700_000_000_000_000));
@@ -417,7 +432,7 @@ mod tests {
             Op::Check(rule.algorithm()),
             &rule,
             3,
-            Clock::Server,
+            TimeSource::Server,
             Some(42),
         );
         call.deadline = Some(9_000);
@@ -448,9 +463,21 @@ mod tests {
     #[test]
     fn deadlines_go_per_check_when_any_has_one() {
         let rule = Rule::fixed_window(10, Duration::from_secs(1));
-        let mut dated = Call::new(Op::Check(rule.algorithm()), &rule, 1, Clock::Server, None);
+        let mut dated = Call::new(
+            Op::Check(rule.algorithm()),
+            &rule,
+            1,
+            TimeSource::Server,
+            None,
+        );
         dated.deadline = Some(5_000);
-        let plain = Call::new(Op::Check(rule.algorithm()), &rule, 1, Clock::Server, None);
+        let plain = Call::new(
+            Op::Check(rule.algorithm()),
+            &rule,
+            1,
+            TimeSource::Server,
+            None,
+        );
         let calls = [(&b"a"[..], dated), (&b"b"[..], plain)];
         let mut cmd = redis::cmd("FCALL");
         encode(&mut cmd, calls.iter().map(|(k, c)| (*k, c)), 0);

@@ -22,6 +22,17 @@ use super::scripts::{Library, Scripts};
 use super::within;
 use crate::error::Error;
 
+/// How long a script call's answer is still waited for once every caller of
+/// it has been answered (by its deadline): an allowed check it holds is
+/// then given back.
+pub(super) const LATE_ANSWER: Duration = Duration::from_secs(2);
+
+/// How long the connection waits for any answer: past every deadline, so
+/// that a late answer still arrives (see [`LATE_ANSWER`]).
+pub(super) fn response_timeout(timeout: Duration) -> Duration {
+    timeout.max(LATE_ANSWER)
+}
+
 /// What is told of a key whose units were given back.
 pub(crate) type GivenBack = Box<dyn Fn(&str) + Send + Sync>;
 
@@ -43,7 +54,7 @@ impl<T: Deref<Target = AtomicUsize>> Drop for Busy<T> {
 
 /// Where to connect, and the connection once made.
 pub(super) struct Conn {
-    pub(super) target: Target,
+    pub(super) endpoint: Endpoint,
     /// The connection, once made (made again after [`Conn::forget`]).
     pub(super) live: std::sync::RwLock<Option<Live>>,
     /// Held while connecting: one attempt at a time.
@@ -78,9 +89,11 @@ pub(super) struct Conn {
     pub(super) server_offset: AtomicI64,
 }
 
+/// What a [`RedisTarget`](super::RedisTarget) resolves to: what the
+/// connection is made from.
 // One per limiter; a plain client (larger with TLS) is the common case.
 #[allow(clippy::large_enum_variant)]
-pub(super) enum Target {
+pub(super) enum Endpoint {
     Single(redis::Client),
     // Boxed: a cluster client is twice a plain one, and both live once per limiter.
     Cluster(Box<ClusterClient>),
@@ -101,14 +114,14 @@ pub(super) type Resolve = Box<
         + Sync,
 >;
 
-impl Target {
+impl Endpoint {
     pub(super) fn describe(&self) -> String {
         match self {
-            Target::Single(client) => format!("Redis at {}", client.get_connection_info().addr()),
-            Target::Cluster(_) => "the Redis Cluster".to_owned(),
-            Target::Manager(_) => "the Redis of the given connection".to_owned(),
+            Endpoint::Single(client) => format!("Redis at {}", client.get_connection_info().addr()),
+            Endpoint::Cluster(_) => "the Redis Cluster".to_owned(),
+            Endpoint::Manager(_) => "the Redis of the given connection".to_owned(),
             #[cfg(feature = "sentinel")]
-            Target::Sentinel(_) => "the Redis master the Sentinels name".to_owned(),
+            Endpoint::Sentinel(_) => "the Redis master the Sentinels name".to_owned(),
         }
     }
 }
@@ -124,7 +137,7 @@ impl Live {
         match self {
             Live::Single(conn) => cmd.query_async(conn).await,
             Live::Cluster(conn) => {
-                // The client retries nothing (see `open_cluster`): a request
+                // The client retries nothing (see `cluster_builder`): a request
                 // is sent again here only when the node answered that it did
                 // not run it (a redirect, a replica's READONLY, TRYAGAIN,
                 // CLUSTERDOWN, LOADING) or it was never sent (no connection
@@ -568,16 +581,16 @@ impl Conn {
     ///
     /// A single server's connection manager reconnects on its own.
     pub(super) fn forget(&self, error: &RedisError) {
-        let gone = match &self.target {
+        let gone = match &self.endpoint {
             // A node gone (a failover): a new connection learns the slots
             // anew (the client retries nothing, so it would not).
-            Target::Cluster(_) => {
+            Endpoint::Cluster(_) => {
                 error.is_connection_dropped()
                     || error.is_connection_refusal()
                     || error.kind() == ErrorKind::ClusterConnectionNotFound
             }
             #[cfg(feature = "sentinel")]
-            Target::Sentinel(_) => {
+            Endpoint::Sentinel(_) => {
                 error.is_connection_dropped()
                     || error.is_io_error()
                     || error.is_timeout()
@@ -594,7 +607,7 @@ impl Conn {
     async fn manager(&self, client: &redis::Client) -> Result<ConnectionManager, Error> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(super::batch::response_timeout(self.timeout)))
+            .set_response_timeout(Some(response_timeout(self.timeout)))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_secs(1));
         client
@@ -604,15 +617,15 @@ impl Conn {
     }
 
     pub(super) async fn connect(&self, scripts: &Scripts) -> Result<Live, Error> {
-        let mut live = match &self.target {
-            Target::Single(client) => Live::Single(self.manager(client).await?),
-            Target::Manager(manager) => Live::Single(manager.clone()),
+        let mut live = match &self.endpoint {
+            Endpoint::Single(client) => Live::Single(self.manager(client).await?),
+            Endpoint::Manager(manager) => Live::Single(manager.clone()),
             #[cfg(feature = "sentinel")]
-            Target::Sentinel(resolve) => {
+            Endpoint::Sentinel(resolve) => {
                 let client = resolve().await.map_err(|e| self.failed(e))?;
                 Live::Single(self.manager(&client).await?)
             }
-            Target::Cluster(client) => Live::Cluster(
+            Endpoint::Cluster(client) => Live::Cluster(
                 client
                     .get_async_connection()
                     .await
@@ -673,7 +686,7 @@ impl Conn {
 
     /// A connection's failure, saying where.
     fn failed(&self, error: RedisError) -> Error {
-        let at = self.target.describe();
+        let at = self.endpoint.describe();
         // Credentials refused, or a user not allowed the commands: wrong
         // configuration, not a Redis that is down (`build` says so).
         let refused = error.kind() == ErrorKind::AuthenticationFailed
@@ -719,7 +732,7 @@ pub(super) const MIN_REDIS: (u32, u32) = (6, 2);
 /// What a single server's `INFO` must say: a version the scripts run on,
 /// and no cluster mode (a cluster node reached by `.redis(url)` refuses
 /// batches of keys of different slots, `CROSSSLOT`, as soon as checks are
-/// coalesced: that needs `.redis_cluster(..)`).
+/// coalesced: that needs the list of its nodes, `.redis([..])`).
 pub(super) fn check_server(info: &str) -> Result<(), Error> {
     let field = |name: &str| {
         info.lines()
@@ -727,8 +740,8 @@ pub(super) fn check_server(info: &str) -> Result<(), Error> {
     };
     if field("cluster_enabled") == Some("1") {
         return Err(Error::Config(
-            "this Redis server runs in cluster mode: connect with \
-             RateLimiter::builder().redis_cluster([..its nodes..]), not .redis(url)"
+            "this Redis server runs in cluster mode: give the list of its nodes, \
+             RateLimiter::builder().redis([url, ..]) (a Redis Cluster), not one URL"
                 .to_owned(),
         ));
     }
@@ -766,7 +779,7 @@ mod tests {
         let old = check_server(&info("6.0.16", "0")).unwrap_err().to_string();
         assert!(old.contains("6.0.16") && old.contains("6.2"), "{old}");
         let cluster = check_server(&info("7.0.15", "1")).unwrap_err().to_string();
-        assert!(cluster.contains("redis_cluster"), "{cluster}");
+        assert!(cluster.contains("redis([url, ..])"), "{cluster}");
         assert!(
             check_server("").is_ok(),
             "a proxy that answers no INFO fields"

@@ -5,12 +5,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::batch::{Job, Ran, by_call, send_batch};
-use super::codec::{Call, Op};
+use super::codec::{Call, Op, Ran};
 use super::connection::Conn;
 use super::scripts::Scripts;
 use crate::algorithm::{self, Outcome, spec};
 use crate::backend::StoredKey;
+
+/// What sends give-backs for callers that are gone (the batch module's
+/// `give_back`: a give-back is itself a batch).
+pub(super) type SendGiveBacks = fn(
+    Vec<(StoredKey, Call)>,
+    Arc<Conn>,
+    Arc<Scripts>,
+    Duration,
+) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Whether `call`, allowed, holds what is given back when its caller never
 /// hears of it: a lease, or a check of an algorithm with a refund.
@@ -22,14 +30,14 @@ pub(super) fn holds(call: &Call) -> bool {
 /// What gives back the units an allowed check took for a caller that did
 /// not hear of it: the release of its lease, or a refund of its cost naming
 /// what counted it (the stamp of its `outcome`, run at `now`), so that it
-/// lands there or nowhere. `None` for what is not a check, and where the
-/// algorithm has no refund.
+/// lands there or nowhere; its key and call. `None` for what is not a
+/// check, and where the algorithm has no refund.
 pub(super) fn give_back_of(
     key: &StoredKey,
     call: &Call,
     outcome: &Outcome,
     now: Option<u64>,
-) -> Option<Job> {
+) -> Option<(StoredKey, Call)> {
     let (op, lease) = match call.op {
         Op::Check(_) if call.lease.is_some() => (Op::Release, call.lease),
         Op::Check(algorithm) if spec(algorithm).refund.is_some() => {
@@ -44,32 +52,7 @@ pub(super) fn give_back_of(
         deadline: None,
         ..*call
     };
-    Some(Job::detached(key.clone(), call))
-}
-
-/// Sends what is given back for callers that are gone: the releases of
-/// their leases and the refunds of their checks (boxed: a batch that sends
-/// them is itself a batch). Then a refusal remembered for their keys (the
-/// limiter's over-limit cache) is forgotten.
-pub(super) fn give_back(
-    jobs: Vec<Job>,
-    conn: Arc<Conn>,
-    scripts: Arc<Scripts>,
-    timeout: Duration,
-) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
-    Box::pin(async move {
-        let keys: Vec<StoredKey> = jobs.iter().map(|job| job.key.clone()).collect();
-        for calls in by_call(jobs, &conn) {
-            send_batch(calls, &conn, &scripts, timeout).await;
-        }
-        if let Some(forget) = conn.given_back.get() {
-            for key in &keys {
-                if let Ok(key) = std::str::from_utf8(key.as_bytes()) {
-                    forget(key);
-                }
-            }
-        }
-    })
+    Some((key.clone(), call))
 }
 
 /// A batch that was answered, for the give-backs of the answers its
@@ -79,6 +62,7 @@ pub(super) struct Settled {
     pub(super) conn: Arc<Conn>,
     pub(super) scripts: Arc<Scripts>,
     pub(super) timeout: Duration,
+    pub(super) send: SendGiveBacks,
 }
 
 /// A job's answer on its way to its caller. One that holds what Redis
@@ -111,14 +95,14 @@ impl Drop for Delivered {
         };
         let (key, call) = &batch.wire[at];
         let (outcome, now) = &self.ran;
-        if let Some(job) = give_back_of(key, call, outcome, *now)
+        if let Some(gift) = give_back_of(key, call, outcome, *now)
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             tracing::debug!(
                 "Redis allowed a check whose caller left its answer unread: given back"
             );
-            runtime.spawn(give_back(
-                vec![job],
+            runtime.spawn((batch.send)(
+                vec![gift],
                 Arc::clone(&batch.conn),
                 Arc::clone(&batch.scripts),
                 batch.timeout,

@@ -9,9 +9,12 @@ mod batch;
 mod codec;
 mod connection;
 mod give_back;
+#[cfg(feature = "testing")]
+pub(crate) mod hooks;
 mod nodes;
 mod scripts;
 mod stacked;
+mod target;
 mod tls;
 
 use std::fmt;
@@ -24,16 +27,17 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::Backend;
+use super::hook::{Answered, BackendCall, RoundTrip, Sealed};
 use crate::algorithm::{self, spec};
 use crate::decision::{Charge, Decision};
 use crate::error::Error;
 use crate::rule::Rule;
 pub use crate::secret::redact_url;
-use crate::secret::redact_urls;
-use batch::{Answer, Batching, Job, Ran, answered, send_batch};
-use codec::{Call, Clock, Op};
-use connection::{Busy, Conn, Target};
+use batch::{AnswerRx, Batching, Job, answered, send_batch};
+use codec::{Call, Op, Ran, TimeSource};
+use connection::{Busy, Conn, Endpoint};
 use scripts::Scripts;
+pub use target::RedisTarget;
 
 /// How long one check may wait for Redis before it counts as failed.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -79,7 +83,7 @@ pub struct RedisBackend {
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("redis", &self.conn.target.describe())
+            .field("redis", &self.conn.endpoint.describe())
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
@@ -126,199 +130,36 @@ impl Default for ConnectOptions {
 }
 
 impl RedisBackend {
-    /// Connects to the Redis server at `url` (`redis://host:port/db`) with the
-    /// default timeouts, and loads the scripts.
-    pub async fn connect(url: &str) -> Result<RedisBackend, Error> {
-        RedisBackend::connect_with(url, DEFAULT_TIMEOUT, DEFAULT_CONNECT_TIMEOUT).await
-    }
-
-    /// Connects with a per-check `timeout` and a `connect_timeout`, and loads
-    /// the scripts.
-    pub async fn connect_with(
-        url: &str,
-        timeout: Duration,
-        connect_timeout: Duration,
-    ) -> Result<RedisBackend, Error> {
-        RedisBackend::open(
-            url,
-            ConnectOptions {
-                timeout,
-                connect_timeout,
-                ..ConnectOptions::default()
-            },
-        )
-        .await
-    }
-
-    /// Connects to one Redis server.
+    /// Connects to `target` (a URL, a list of cluster nodes' URLs,
+    /// [`RedisTarget::sentinel`], or a client or connection of your own:
+    /// see [`RedisTarget`]) and loads the scripts.
+    ///
+    /// ```no_run
+    /// use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
+    /// # async fn start() -> Result<(), ratelimit_runtime::Error> {
+    /// let redis = RedisBackend::connect("redis://127.0.0.1:6379", ConnectOptions::default()).await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for a malformed URL; [`Error::Backend`] if Redis
-    /// cannot be reached within the connect timeout (unless `lazy`).
-    pub async fn open(url: &str, options: ConnectOptions) -> Result<RedisBackend, Error> {
-        tls::install_provider();
-        let client = redis::Client::open(url)
-            .map_err(|e| Error::Config(format!("bad Redis URL {:?}: {e}", redact_url(url))))?;
-        RedisBackend::start(Target::Single(client), options).await
-    }
-
-    /// Connects to one Redis server over TLS (`rediss://` URL) that presents
-    /// a certificate of the authority `root_pem` (PEM) rather than one of
-    /// the system's (feature `tls`).
-    ///
-    /// # Errors
-    ///
-    /// As [`open`](RedisBackend::open).
-    #[cfg(feature = "tls")]
-    pub async fn open_tls(
-        url: &str,
-        root_pem: &[u8],
+    /// [`Error::Config`] for a malformed URL (its password left out of the
+    /// message) or refused credentials; [`Error::Backend`] if Redis cannot
+    /// be reached (or the scripts loaded) within the connect timeout, unless
+    /// `lazy`.
+    pub async fn connect(
+        target: impl Into<RedisTarget>,
         options: ConnectOptions,
     ) -> Result<RedisBackend, Error> {
-        tls::install_provider();
-        let client =
-            redis::Client::build_with_tls(url, tls::certificates(root_pem)).map_err(|e| {
-                Error::Config(format!(
-                    "bad Redis URL or certificate {:?}: {e}",
-                    redact_url(url)
-                ))
-            })?;
-        RedisBackend::start(Target::Single(client), options).await
+        let endpoint = target.into().endpoint(&options)?;
+        RedisBackend::start(endpoint, options).await
     }
 
-    /// Uses a client you configured (TLS, authentication, timeouts of its
-    /// own): the limiter makes its connection from it.
-    ///
-    /// # Errors
-    ///
-    /// As [`open`](RedisBackend::open).
-    pub async fn from_client(
-        client: redis::Client,
-        options: ConnectOptions,
-    ) -> Result<RedisBackend, Error> {
-        tls::install_provider();
-        RedisBackend::start(Target::Single(client), options).await
-    }
-
-    /// Uses a connection manager you made: the limiter sends its calls on
-    /// it (and on its clones), and it reconnects as you configured it.
-    ///
-    /// # Errors
-    ///
-    /// As [`open`](RedisBackend::open).
-    pub async fn from_connection_manager(
-        manager: redis::aio::ConnectionManager,
-        options: ConnectOptions,
-    ) -> Result<RedisBackend, Error> {
-        RedisBackend::start(Target::Manager(manager), options).await
-    }
-
-    /// Uses a Redis Cluster client you configured. Build it with
-    /// `.retries(0)`: with retries, the client sends a request again when
-    /// its connection drops, also a script call a node already ran (the
-    /// limiter then counts that check twice). [`open_cluster`](Self::open_cluster)
-    /// does so.
-    ///
-    /// # Errors
-    ///
-    /// As [`open`](RedisBackend::open).
-    pub async fn from_cluster_client(
-        client: ClusterClient,
-        options: ConnectOptions,
-    ) -> Result<RedisBackend, Error> {
-        tls::install_provider();
-        RedisBackend::start(Target::Cluster(Box::new(client)), options).await
-    }
-
-    /// Connects to the master that the Sentinels at `sentinels`
-    /// (`redis://host:26379`) name for `master_name`, and follows it: when
-    /// its connection fails, the Sentinels are asked again, so after a
-    /// failover the limiter goes on with the promoted replica (feature
-    /// `sentinel`). Replication is asynchronous: what the old master counted
-    /// last, before the replica had it, is lost with it.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Config`] for malformed URLs; as [`open`](RedisBackend::open)
-    /// otherwise.
-    #[cfg(feature = "sentinel")]
-    pub async fn open_sentinel(
-        master_name: &str,
-        sentinels: &[String],
-        options: ConnectOptions,
-    ) -> Result<RedisBackend, Error> {
-        use redis::sentinel::{SentinelClient, SentinelServerType};
-        // A `String` without TLS, `impl AsRef<str>` with it.
-        #[allow(clippy::unnecessary_to_owned)]
-        let client = SentinelClient::build(
-            sentinels.iter().map(String::as_str).collect(),
-            master_name.to_owned(),
-            None,
-            SentinelServerType::Master,
-        )
-        .map_err(|e| {
-            Error::Config(format!(
-                "bad Sentinel URLs {:?}: {e}",
-                redact_urls(sentinels)
-            ))
-        })?;
-        let client = Arc::new(tokio::sync::Mutex::new(client));
-        let resolve: connection::Resolve = Box::new(move || {
-            let client = Arc::clone(&client);
-            Box::pin(async move { client.lock().await.async_get_client().await })
-        });
-        RedisBackend::start(Target::Sentinel(resolve), options).await
-    }
-
-    /// Connects to a Redis Cluster through any of its nodes (`urls`).
-    ///
-    /// # Errors
-    ///
-    /// As [`open`](RedisBackend::open).
-    pub async fn open_cluster(
-        urls: &[String],
-        options: ConnectOptions,
-    ) -> Result<RedisBackend, Error> {
-        tls::install_provider();
-        let client = cluster_builder(urls, options).build().map_err(|e| {
-            Error::Config(format!(
-                "bad Redis Cluster URLs {:?}: {e}",
-                redact_urls(urls)
-            ))
-        })?;
-        RedisBackend::start(Target::Cluster(Box::new(client)), options).await
-    }
-
-    /// [`open_cluster`](Self::open_cluster) over TLS (`rediss://` URLs),
-    /// trusting the authority `root_pem` (feature `tls`).
-    ///
-    /// # Errors
-    ///
-    /// As [`open`](RedisBackend::open).
-    #[cfg(feature = "tls")]
-    pub async fn open_cluster_tls(
-        urls: &[String],
-        root_pem: &[u8],
-        options: ConnectOptions,
-    ) -> Result<RedisBackend, Error> {
-        let client = cluster_builder(urls, options)
-            .certs(tls::certificates(root_pem))
-            .build()
-            .map_err(|e| {
-                Error::Config(format!(
-                    "bad Redis Cluster URLs {:?}: {e}",
-                    redact_urls(urls)
-                ))
-            })?;
-        RedisBackend::start(Target::Cluster(Box::new(client)), options).await
-    }
-
-    async fn start(target: Target, options: ConnectOptions) -> Result<RedisBackend, Error> {
+    async fn start(endpoint: Endpoint, options: ConnectOptions) -> Result<RedisBackend, Error> {
         let coalesce = options.coalesce;
         let mut backend = RedisBackend {
             conn: Arc::new(Conn {
-                target,
+                endpoint,
                 live: std::sync::RwLock::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 finishing: AtomicBool::new(false),
@@ -413,7 +254,7 @@ impl RedisBackend {
         rule: &Rule,
         key: &str,
         cost: u64,
-        clock: Clock,
+        clock: TimeSource,
         lease: Option<u64>,
     ) -> Result<(Decision, Option<u64>), Error> {
         let call = Call::new(Op::Check(rule.algorithm()), rule, cost, clock, lease);
@@ -424,16 +265,6 @@ impl RedisBackend {
         Ok((outcome.decision(rule), stamp))
     }
 
-    /// [`Backend::check`], and the stamp of what an allowed check charged.
-    pub(crate) async fn check_charged(
-        &self,
-        rule: &Rule,
-        key: &str,
-        cost: u64,
-    ) -> Result<(Decision, Option<u64>), Error> {
-        self.eval(rule, key, cost, Clock::Server, None).await
-    }
-
     /// A peek, refund (`id`: the stamp of the charge) or reset on `clock`.
     async fn look(
         &self,
@@ -441,7 +272,7 @@ impl RedisBackend {
         rule: &Rule,
         key: &str,
         units: u64,
-        clock: Clock,
+        clock: TimeSource,
         id: Option<u64>,
     ) -> Result<Decision, Error> {
         if matches!(op, Op::Refund(_)) && spec(rule.algorithm()).refund.is_none() {
@@ -458,7 +289,7 @@ impl RedisBackend {
         rule: &Rule,
         key: &str,
         charge: &Charge,
-        clock: Clock,
+        clock: TimeSource,
     ) -> Result<Decision, Error> {
         let op = match charge.stamp() {
             Some(_) => Op::Refund(rule.algorithm()),
@@ -475,35 +306,6 @@ impl RedisBackend {
         let _ = self.conn.given_back.set(given_back);
     }
 
-    /// [`Backend::peek`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
-    #[doc(hidden)]
-    pub async fn peek_at(&self, rule: &Rule, key: &str, now: Duration) -> Result<Decision, Error> {
-        let op = Op::Peek(rule.algorithm());
-        self.look(op, rule, key, 1, Clock::Fixed(micros(now)), None)
-            .await
-    }
-
-    /// [`Backend::refund`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
-    #[doc(hidden)]
-    pub async fn refund_at(
-        &self,
-        rule: &Rule,
-        key: &str,
-        charge: &Charge,
-        now: Duration,
-    ) -> Result<Decision, Error> {
-        self.refund_on(rule, key, charge, Clock::Fixed(micros(now)))
-            .await
-    }
-
-    /// [`Backend::reset`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
-    #[doc(hidden)]
-    pub async fn reset_at(&self, rule: &Rule, key: &str, now: Duration) -> Result<Decision, Error> {
-        let op = Op::Reset(rule.algorithm());
-        self.look(op, rule, key, 1, Clock::Fixed(micros(now)), None)
-            .await
-    }
-
     /// The batching, if this call should join the next batch: when
     /// coalescing and a script call is already on its way.
     fn queue_for_now(&self) -> Option<&Batching> {
@@ -515,21 +317,12 @@ impl RedisBackend {
         }
     }
 
-    /// Every check joins a batch, even when nothing is on its way (for
-    /// tests of the batch script; without it, checks made one after another
-    /// each go alone).
-    #[doc(hidden)]
-    pub fn batch_every_check(mut self) -> RedisBackend {
-        self.always_queue = true;
-        self
-    }
-
     /// Queues a check (or release) for the next batch and waits for its
     /// answer, within the deadline.
     async fn queued(
         &self,
         batching: &Batching,
-        (job, answer): (Job, Answer),
+        (job, answer): (Job, AnswerRx),
     ) -> Result<Ran, Error> {
         if !batching.ensure_running(self) || batching.queue.send(job).is_err() {
             return Err(Error::backend(Stopped));
@@ -549,54 +342,6 @@ impl RedisBackend {
         // and runs only while that runtime is driven (a limiter built on one
         // and used elsewhere): this check keeps a timer of its own.
         within(self.timeout, answered(answer)).await
-    }
-
-    /// Runs a check as if the server's clock read `now` (time since the Unix
-    /// epoch). For tests that hold the Redis and the memory backend side by
-    /// side; keys written this way get an hour's extra TTL, since their
-    /// times are not the server's.
-    #[doc(hidden)]
-    pub async fn check_at(
-        &self,
-        rule: &Rule,
-        key: &str,
-        cost: u64,
-        now: Duration,
-    ) -> Result<Decision, Error> {
-        Ok(self.charge_at(rule, key, cost, now).await?.0)
-    }
-
-    /// [`check_at`](Self::check_at), with what an allowed check charged (as
-    /// [`MemoryBackend::charge_now`](crate::backend::memory::MemoryBackend::charge_now)).
-    #[doc(hidden)]
-    pub async fn charge_at(
-        &self,
-        rule: &Rule,
-        key: &str,
-        cost: u64,
-        now: Duration,
-    ) -> Result<(Decision, Option<Charge>), Error> {
-        let (decision, stamp) = self
-            .eval(rule, key, cost, Clock::Fixed(micros(now)), None)
-            .await?;
-        let charge = decision.allowed.then(|| Charge::new(cost, stamp, false));
-        Ok((decision, charge))
-    }
-
-    /// [`Backend::acquire`] as if the server's clock read `now`; see [`check_at`](Self::check_at).
-    #[doc(hidden)]
-    pub async fn acquire_at(
-        &self,
-        rule: &Rule,
-        key: &str,
-        cost: u64,
-        lease: u64,
-        now: Duration,
-    ) -> Result<Decision, Error> {
-        Ok(self
-            .eval(rule, key, cost, Clock::Fixed(micros(now)), Some(lease))
-            .await?
-            .0)
     }
 }
 
@@ -618,23 +363,22 @@ impl Drop for Unfinished {
 /// client sends a request again when its connection drops, also a script
 /// call the node already ran (a check counted twice). `Live::query` sends
 /// again only what a node answered it did not run.
-fn cluster_builder(
+pub(super) fn cluster_builder(
     urls: &[String],
     options: ConnectOptions,
 ) -> redis::cluster::ClusterClientBuilder {
     ClusterClient::builder(urls.iter().map(String::as_str))
         .connection_timeout(options.connect_timeout)
-        .response_timeout(batch::response_timeout(options.timeout))
+        .response_timeout(connection::response_timeout(options.timeout))
         .retries(0)
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl Backend for RedisBackend {
     async fn check(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
-        Ok(self.eval(rule, key, cost, Clock::Server, None).await?.0)
+        Ok(self
+            .eval(rule, key, cost, TimeSource::Server, None)
+            .await?
+            .0)
     }
 
     async fn acquire(
@@ -645,33 +389,68 @@ impl Backend for RedisBackend {
         lease: u64,
     ) -> Result<Decision, Error> {
         Ok(self
-            .eval(rule, key, cost, Clock::Server, Some(lease))
+            .eval(rule, key, cost, TimeSource::Server, Some(lease))
             .await?
             .0)
     }
 
     async fn release(&self, rule: &Rule, key: &str, cost: u64, lease: u64) -> Result<(), Error> {
-        let call = Call::new(Op::Release, rule, cost, Clock::Server, Some(lease));
+        let call = Call::new(Op::Release, rule, cost, TimeSource::Server, Some(lease));
         self.run(key, call).await.map(drop)
     }
 
     async fn peek(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
         let op = Op::Peek(rule.algorithm());
-        self.look(op, rule, key, 1, Clock::Server, None).await
+        self.look(op, rule, key, 1, TimeSource::Server, None).await
     }
 
     async fn refund(&self, rule: &Rule, key: &str, charge: Charge) -> Result<Decision, Error> {
-        self.refund_on(rule, key, &charge, Clock::Server).await
+        self.refund_on(rule, key, &charge, TimeSource::Server).await
     }
 
     async fn reset(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
         let op = Op::Reset(rule.algorithm());
-        self.look(op, rule, key, 1, Clock::Server, None).await
+        self.look(op, rule, key, 1, TimeSource::Server, None).await
+    }
+
+    async fn __answer(&self, _: Sealed, call: BackendCall<'_>) -> Result<Answered, Error> {
+        let BackendCall {
+            rule,
+            key,
+            cost,
+            lease,
+            ..
+        } = call;
+        let (decision, stamp) = self
+            .eval(rule, key, cost, TimeSource::Server, lease)
+            .await?;
+        Ok(Answered::by_backend(decision, stamp))
+    }
+
+    fn __round_trip(&self, _: Sealed, error: &Error) -> RoundTrip {
+        round_trip(error)
+    }
+
+    fn __name(&self, _: Sealed) -> &'static str {
+        "redis"
     }
 
     async fn check_all(&self, checks: &[super::RuleCheck<'_>]) -> Result<Vec<Decision>, Error> {
         let answers = self.check_all_charged(checks).await?;
         Ok(answers.into_iter().map(|(decision, _)| decision).collect())
+    }
+
+    async fn __answer_all(
+        &self,
+        _: Sealed,
+        checks: &[super::RuleCheck<'_>],
+        _: crate::error::OnError,
+    ) -> Result<Vec<Answered>, Error> {
+        let answers = self.check_all_charged(checks).await?;
+        Ok(answers
+            .into_iter()
+            .map(|(decision, stamp)| Answered::by_backend(decision, stamp))
+            .collect())
     }
 }
 
@@ -701,17 +480,6 @@ impl fmt::Display for Expired {
 }
 
 impl std::error::Error for Expired {}
-
-/// What a failed call says of Redis, for the circuit breaker.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RoundTrip {
-    /// It failed in this round trip, shared by every check of its batch.
-    Failed(u64),
-    /// It never reached Redis (it expired in the client's queue).
-    NotSent,
-    /// Some other failure of this call alone.
-    Other,
-}
 
 /// The errors the checks of one failed batch get (for tests elsewhere).
 #[cfg(test)]

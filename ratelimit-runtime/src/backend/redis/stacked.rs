@@ -8,14 +8,13 @@
 //! the README's "What a fault can still cost").
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::batch::Job;
-use super::codec::{self, Answer, Call, Clock, Op};
-use super::connection::{Busy, Target, call_script, script_call};
-use super::{Expired, RedisBackend, TimedOut, give_back, micros, nodes};
+use super::batch;
+use super::codec::{self, Call, Op, ScriptAnswer, TimeSource};
+use super::connection::{Busy, Endpoint, call_script, script_call};
+use super::{Expired, RedisBackend, TimedOut, nodes};
 use crate::algorithm::{self, Outcome, spec};
 use crate::backend::{RuleCheck, StoredKey};
 use crate::decision::Decision;
@@ -35,25 +34,13 @@ impl RedisBackend {
         &self,
         checks: &[RuleCheck<'_>],
     ) -> Result<Vec<(Decision, Option<u64>)>, Error> {
-        self.check_all_on(checks, Clock::Server).await
+        self.check_all_on(checks, TimeSource::Server).await
     }
 
-    /// [`Backend::check_all`](crate::Backend::check_all) as if the server's
-    /// clock read `now`; see [`check_at`](Self::check_at).
-    #[doc(hidden)]
-    pub async fn check_all_at(
+    pub(super) async fn check_all_on(
         &self,
         checks: &[RuleCheck<'_>],
-        now: Duration,
-    ) -> Result<Vec<Decision>, Error> {
-        let answers = self.check_all_on(checks, Clock::Fixed(micros(now))).await?;
-        Ok(answers.into_iter().map(|(decision, _)| decision).collect())
-    }
-
-    async fn check_all_on(
-        &self,
-        checks: &[RuleCheck<'_>],
-        clock: Clock,
+        clock: TimeSource,
     ) -> Result<Vec<(Decision, Option<u64>)>, Error> {
         if checks.is_empty() {
             return Ok(Vec::new());
@@ -90,7 +77,7 @@ impl RedisBackend {
         // back if another refused (or failed).
         let refused = ran.iter().flatten().any(|(outcome, _)| !outcome.allowed);
         if groups.len() > 1 && (refused || failed.is_some()) {
-            let jobs: Vec<Job> = ran
+            let jobs: Vec<(StoredKey, Call)> = ran
                 .iter()
                 .zip(&taken)
                 .zip(keys.iter().zip(&calls))
@@ -103,7 +90,7 @@ impl RedisBackend {
                 })
                 .collect();
             if !jobs.is_empty() {
-                give_back::give_back(
+                batch::give_back(
                     jobs,
                     Arc::clone(&self.conn),
                     Arc::clone(&self.scripts),
@@ -141,7 +128,7 @@ impl RedisBackend {
     /// order of the slots.
     fn groups(&self, keys: &[StoredKey]) -> Vec<Group> {
         let all = || (0..keys.len()).collect::<Vec<_>>();
-        if !matches!(self.conn.target, Target::Cluster(_)) {
+        if !matches!(self.conn.endpoint, Endpoint::Cluster(_)) {
             return vec![Group {
                 members: all(),
                 cross_slot: false,
@@ -274,14 +261,14 @@ impl RedisBackend {
                     let Ok(Ok((answers, time))) = task.await else {
                         return;
                     };
-                    let jobs: Vec<Job> = answers
+                    let jobs: Vec<(StoredKey, Call)> = answers
                         .iter()
                         .zip(wire.iter())
                         .filter_map(|(answer, (key, call))| match answer {
-                            Answer::Ran(outcome) if outcome.allowed => {
+                            ScriptAnswer::Ran(outcome) if outcome.allowed => {
                                 let now = match call.clock {
-                                    Clock::Server => time,
-                                    Clock::Fixed(now) => Some(now),
+                                    TimeSource::Server => time,
+                                    TimeSource::Fixed(now) => Some(now),
                                 };
                                 super::give_back::give_back_of(key, call, outcome, now)
                             }
@@ -289,7 +276,7 @@ impl RedisBackend {
                         })
                         .collect();
                     if !jobs.is_empty() {
-                        give_back::give_back(jobs, conn, scripts, timeout).await;
+                        batch::give_back(jobs, conn, scripts, timeout).await;
                     }
                 });
                 return Err(Error::backend(TimedOut(self.timeout)));
@@ -302,14 +289,14 @@ impl RedisBackend {
         let mut outcomes = vec![None; calls.len()];
         for (answer, &i) in answers.into_iter().zip(&order) {
             match answer {
-                Answer::Ran(outcome) => outcomes[i] = Some(outcome),
-                Answer::Late => return Err(Error::backend(Expired(self.timeout))),
-                Answer::Refused => return Err(Error::backend(SlotMoved)),
+                ScriptAnswer::Ran(outcome) => outcomes[i] = Some(outcome),
+                ScriptAnswer::Late => return Err(Error::backend(Expired(self.timeout))),
+                ScriptAnswer::Refused => return Err(Error::backend(SlotMoved)),
             }
         }
         let now = match calls[group.members[0]].clock {
-            Clock::Server => time,
-            Clock::Fixed(now) => Some(now),
+            TimeSource::Server => time,
+            TimeSource::Fixed(now) => Some(now),
         };
         let outcomes = group
             .members
