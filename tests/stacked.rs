@@ -13,7 +13,7 @@ use common::{EPOCH_US, Subject, XorShift};
 use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::RuleCheck;
 use ratelimit_runtime::backend::memory::MemoryBackend;
-use ratelimit_runtime::{Algorithm, Backend, ManualClock, RateLimiter, Rule};
+use ratelimit_runtime::{Algorithm, Backend, ManualClock, OnError, RateLimiter, Rule};
 use ratelimit_test_support::{RedisCluster, RedisServer};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -358,4 +358,48 @@ async fn redis_decides_sets_as_memory_does() {
     same_set_decisions(&redis, 1).await;
     let redis = common::redis_backend_without_functions(&server).await;
     same_set_decisions(&redis, 2).await;
+}
+
+/// A set fails over as one check does: with Redis gone, `local` decides it
+/// all or nothing in process memory (a refused call charges no rule there
+/// either), `deny` answers the error, `allow` lets it through unchecked.
+#[tokio::test]
+async fn a_set_fails_over_as_a_single_check_does() {
+    let mut server = RedisServer::start();
+    let mut limiters = Vec::new();
+    for policy in [OnError::Local, OnError::Deny, OnError::Allow] {
+        let limiter = RateLimiter::builder()
+            .redis(server.url())
+            .on_backend_error(policy)
+            .probe_interval(Duration::from_secs(600))
+            .build()
+            .await
+            .unwrap();
+        limiters.push(limiter);
+    }
+    server.kill();
+    let per_user = Rule::fixed_window(5, MINUTE);
+    let global = Rule::fixed_window(3, MINUTE);
+    let set = [(&per_user, "fo:user:ann", 1), (&global, "fo:global", 1)];
+
+    let local = &limiters[0];
+    let mut passed = 0;
+    for _ in 0..10 {
+        passed += usize::from(local.check_all(&set).await.unwrap().allowed());
+    }
+    assert_eq!(passed, 3, "the insurance limiter holds the set");
+    let rest = [(&per_user, "fo:user:ann", 2)];
+    assert!(
+        local.check_all(&rest).await.unwrap().allowed(),
+        "the refused calls took nothing from Ann's own budget"
+    );
+    assert!(!local.check_all(&set[..1]).await.unwrap().allowed());
+
+    assert!(matches!(
+        limiters[1].check_all(&set).await,
+        Err(ratelimit_runtime::Error::Backend(_))
+    ));
+    for _ in 0..10 {
+        assert!(limiters[2].check_all(&set).await.unwrap().allowed());
+    }
 }
