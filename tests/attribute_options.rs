@@ -14,14 +14,21 @@ async fn stacked() -> Result<(), RateLimited> {
 }
 
 #[tokio::test]
-async fn stacked_rules_all_apply_in_the_order_written() {
+async fn stacked_rules_are_one_decision() {
     assert!(stacked().await.is_ok());
-    // The second rule refuses; the first has already taken its unit.
-    let second = stacked().await.unwrap_err();
-    assert_eq!(second.limit, 1, "refused by the second rule");
-    // So now the first rule is spent too, and refuses before the second runs.
-    let first = stacked().await.unwrap_err();
-    assert_eq!(first.limit, 2, "refused by the first rule");
+    // The second rule refuses, and the first is not charged for it.
+    for _ in 0..3 {
+        let refused = stacked().await.unwrap_err();
+        assert_eq!(refused.limit, 1, "refused by the second rule");
+        assert_eq!(refused.name, "stack-b");
+    }
+    let limiter = RateLimiter::global();
+    let first = limiter.peek_named("stack-a", "").await.unwrap();
+    assert!(first.allowed);
+    assert_eq!(
+        first.remaining, 0,
+        "one unit taken, one left for the next call"
+    );
 }
 
 #[rate_limit(key = "shadow", count = 1, period = 60, shadow)]

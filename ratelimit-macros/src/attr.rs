@@ -195,6 +195,22 @@ impl Config {
             }
         }
 
+        // Stacked rules are one decision, asked of one limiter.
+        let first_limiter = rules.iter().flatten().next().map(|r| r.limiter.clone());
+        for (raw, rule) in raws.iter().zip(&rules).skip(1) {
+            if let (Some(rule), Some(first)) = (rule, &first_limiter)
+                && rule.limiter != *first
+            {
+                let message = "stacked rules are one decision, asked of one limiter: give every \
+                               `#[rate_limit]` of this fn the same `limiter` (or none)";
+                match (raw.value(LIMITER), &raw.attr) {
+                    (Some(value), _) => cx.error_tokens(value, message),
+                    (None, Some(tokens)) => cx.error_tokens(tokens, message),
+                    (None, None) => cx.error(raw.span, message),
+                }
+            }
+        }
+
         let request = responder.then(|| match call_param(func) {
             Some(ident) => Request::Param(ident),
             None => Request::Injected,

@@ -65,6 +65,8 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
     });
 
     let n = config.rules.len();
+    let mut arms: Vec<TokenStream> = Vec::new();
+    let mut entries: Vec<TokenStream> = Vec::new();
     let checks = config.rules.iter().enumerate().map(|(i, rule)| {
         let site = format_ident!("__RATELIMIT_SITE_{}", i);
         let permit = format_ident!("__ratelimit_permit_{}", i);
@@ -109,7 +111,7 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
             }
             _ => TokenStream::new(),
         };
-        quote! {
+        let statics = quote! {
             #cost_check
             #header
             static #site: #rt::Site = #site_expr;
@@ -117,13 +119,40 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
             #[#rt::linkme::distributed_slice(#rt::SITES)]
             #[linkme(crate = #rt::linkme)]
             static #registered: &#rt::Site = &#site;
-            let #permit = match #check.await {
-                #rt::Result::Ok(__ratelimit_permit) => #passed,
-                #rt::Result::Err(__ratelimit_limited) => #reject,
+        };
+        if n == 1 {
+            return quote! {
+                #statics
+                let #permit = match #check.await {
+                    #rt::Result::Ok(__ratelimit_permit) => #passed,
+                    #rt::Result::Err(__ratelimit_limited) => #reject,
+                };
             };
         }
+        // Stacked rules: the statics here, one check of the set below.
+        let _ = permit;
+        let place = if i + 1 == n { quote!(_) } else { quote!(#i) };
+        arms.push(quote!(#rt::Result::Err((#place, __ratelimit_limited)) => #reject,));
+        entries.push(set_entry(rule, &site, &rt, request.is_some()));
+        statics
     });
-    let checks: Vec<TokenStream> = checks.collect();
+    let mut checks: Vec<TokenStream> = checks.collect();
+    if n > 1 {
+        // One decision for every rule: all pass and all are charged, or
+        // none is. The passes live until the body has run.
+        let check = match &request {
+            Some(call) => quote! {
+                #rt::http::check_all(&[#(#entries),*], &#call, &mut __ratelimit_seen)
+            },
+            None => quote!(#rt::check_all(&[#(#entries),*], &mut [])),
+        };
+        checks.push(quote! {
+            let __ratelimit_passes = match #check.await {
+                #rt::Result::Ok(__ratelimit_passes) => __ratelimit_passes,
+                #(#arms)*
+            };
+        });
+    }
 
     let body = &func.block;
     // The permits live until the body has run: concurrency leases are
@@ -278,6 +307,21 @@ fn check_call(
         }
         None => quote!(#rt::check(&#site, #key)),
     }
+}
+
+/// One rule's entry in the check of stacked rules: its site and key (and
+/// for a handler, whose subject).
+fn set_entry(rule: &RuleConfig, site: &Ident, rt: &TokenStream, handler: bool) -> TokenStream {
+    let key = key_expr(rule, rt);
+    if !handler {
+        return quote!((&#site, #key));
+    }
+    let by = match &rule.subject {
+        Subject::Global => quote!(#rt::http::By::Global),
+        Subject::Ip => quote!(#rt::http::By::Ip),
+        Subject::Header(name) => quote!(#rt::http::By::Header(#name)),
+    };
+    quote!((&#site, #key, #by))
 }
 
 /// The rule's `Site`: its name and rule, and the options written.

@@ -88,10 +88,11 @@ use proc_macro::TokenStream;
 ///   own) and makes it return `Reply<T>`: the value, or the fallback's,
 ///   with the rate-limit headers of every rule, or the refusal. Its other
 ///   attributes (a route attribute, whatever its name) change nothing.
-/// - Stacked attributes are all checked, in the order written, before the
-///   body. A call refused by a later rule has already used the units of the
-///   earlier ones (they are not given back), like a gateway with several
-///   filters. Two rules of one fn may not share a key.
+/// - Stacked attributes are one decision, checked before the body: the call
+///   passes only if every rule allows it, and then takes from every rule;
+///   if any refuses, none is charged, and the refusal is that rule's (the
+///   one with the longest `retry_after`). Two rules of one fn may not share
+///   a key, and all name the same `limiter` (or none).
 /// - A `concurrency` rule holds its units while the body runs; they are
 ///   released when the call ends, also by error, panic or cancellation.
 /// - HTTP handlers need the runtime's `actix` or `axum` feature; without

@@ -121,7 +121,7 @@ pub use backend::Backend;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Cause, Charge, Decision, RateLimited};
 pub use error::{Error, OnError};
-pub use limiter::{Permit, RateLimiter, RateLimiterBuilder};
+pub use limiter::{Permit, Permits, RateLimiter, RateLimiterBuilder, Verdict};
 pub use rule::{Algorithm, Rule};
 
 #[cfg(feature = "actix")]
@@ -143,7 +143,7 @@ pub use ratelimit_macros::rate_limit;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::keys::{ARG, DEFAULT_PREFIX, HEADER_SUBJECTS, SafePart, as_str, concat, len};
-    pub use crate::pipeline::{Reject, check, reject};
+    pub use crate::pipeline::{Reject, check, check_all, reject};
     pub use crate::registry::SITES;
     pub use crate::site::Site;
     pub use crate::{Algorithm, OnError, Rule};
@@ -160,6 +160,7 @@ pub mod __private {
     #[cfg(any(feature = "actix", feature = "axum"))]
     pub mod http {
         pub use crate::http::handler::{By, HttpCall, Reply, check};
+        pub use crate::http::handler_set::check_all;
         pub use crate::pipeline::Report;
     }
 }

@@ -264,3 +264,147 @@ impl<T, E: From<RateLimited>> Reject for Result<T, E> {
 pub fn reject<R: Reject>(limited: RateLimited) -> R {
     R::reject(limited)
 }
+
+/// Checks one call under several rules at once, all or nothing, with the
+/// first site's limiter (`Site::limiter`): stacked attributes on a plain
+/// async fn. See [`check_all_on`].
+///
+/// # Errors
+///
+/// The place of the rule that refused the call, and its refusal.
+pub async fn check_all(
+    sites: &[(&Site, &str)],
+    seen: &mut [Option<Report>],
+) -> Result<Vec<Pass>, (usize, RateLimited)> {
+    let limiter = sites.first().and_then(|(site, _)| site.limiter());
+    check_all_on(sites, limiter, seen).await
+}
+
+/// Checks one call under the rules of `sites` (each with the key of its
+/// budget) with `limiter`, all or nothing: the call passes only if every
+/// rule allows it, and then takes from each; if one refuses, none is
+/// charged, and the refusal is of the refusing rule with the longest
+/// `retry_after`. Rules in shadow mode are checked on their own once the
+/// others passed (they never refuse). The set's failure policy is the
+/// strictest of its rules' (`deny`, then `local`, then `allow`). `seen`,
+/// when not empty, gets each rule's report, for headers (a refused call's
+/// rules report what they have left; the refusing rule's is left `None`).
+///
+/// # Errors
+///
+/// The place of the rule that refused the call, and its refusal.
+pub(crate) async fn check_all_on(
+    sites: &[(&Site, &str)],
+    limiter: Option<&RateLimiter>,
+    seen: &mut [Option<Report>],
+) -> Result<Vec<Pass>, (usize, RateLimited)> {
+    let Some(limiter) = limiter else {
+        // No limiter under the name the rules give: each as one rule.
+        let mut passes = Vec::with_capacity(sites.len());
+        for (i, (site, key)) in sites.iter().enumerate() {
+            let pass = missing_limiter(site, key).await.map_err(|l| (i, l))?;
+            note(seen, i, &pass);
+            passes.push(pass);
+        }
+        return Ok(passes);
+    };
+    // Each rule in force, whether it is in shadow mode, and its cost.
+    let rules: Vec<(Rule, bool)> = sites
+        .iter()
+        .map(|(site, _)| {
+            let shadow = site.shadow || limiter.is_shadow();
+            crate::registry::effective(site.name, &site.rule, shadow).unwrap_or((site.rule, shadow))
+        })
+        .collect();
+    let enforced: Vec<usize> = (0..sites.len()).filter(|&i| !rules[i].1).collect();
+    let on_error = sites
+        .iter()
+        .map(|(site, _)| site.on_error.unwrap_or(limiter.on_backend_error()))
+        .min_by_key(|policy| match policy {
+            OnError::Deny => 0,
+            OnError::Local => 1,
+            OnError::Allow => 2,
+        })
+        .unwrap_or(limiter.on_backend_error());
+    let set: Vec<(&Rule, &str, u64)> = enforced
+        .iter()
+        .map(|&i| (&rules[i].0, sites[i].1, sites[i].0.cost))
+        .collect();
+    let mut passes: Vec<Option<Pass>> = (0..sites.len()).map(|_| None).collect();
+    match limiter.acquire_all_with(&set, on_error).await {
+        Ok(permits) => {
+            let refused = permits.refused();
+            let permits = permits.into_permits();
+            for (at, permit) in permits.iter().enumerate() {
+                let site = sites[enforced[at]].0;
+                if permit.local {
+                    site.record(Event::LocalFallback);
+                }
+                if permit.unchecked {
+                    site.record(Event::BackendError);
+                }
+            }
+            if let Some(r) = refused {
+                let i = enforced[r];
+                let (site, key) = sites[i];
+                let rule = &rules[i].0;
+                site.record(Event::Limited);
+                let refused = RateLimited::from_decision(permits[r].decision())
+                    .with_rule(rule.period(), site.name);
+                tracing::debug!(rule = site.name, key, %refused, "rate limited");
+                for (at, permit) in permits.iter().enumerate() {
+                    let j = enforced[at];
+                    if j != i && j < seen.len() {
+                        let report = Report::new(sites[j].0.name, &rules[j].0, permit.decision());
+                        seen[j] = Some(report);
+                    }
+                }
+                return Err((i, refused));
+            }
+            for (at, permit) in permits.into_iter().enumerate() {
+                let i = enforced[at];
+                let site = sites[i].0;
+                site.record(Event::Allowed);
+                passes[i] = Some(pass(site, &rules[i].0, permit));
+            }
+        }
+        Err(Error::Backend(_)) => {
+            let i = enforced.first().copied().unwrap_or(0);
+            for &j in &enforced {
+                sites[j].0.record(Event::BackendError);
+            }
+            let refused = RateLimited::backend_unavailable(rules[i].0.count());
+            tracing::debug!(rule = sites[i].0.name, %refused, "rate limited");
+            return Err((i, refused));
+        }
+        Err(error) => {
+            // As for one rule: a bug of ours lets the call through.
+            tracing::error!(%error, "rate limiter failed; letting the call through");
+            for &i in &enforced {
+                let rule = &rules[i].0;
+                passes[i] = Some(pass(sites[i].0, rule, Permit::allowed_unchecked(rule)));
+            }
+        }
+    }
+    // Rules in shadow mode, now that the others passed.
+    for (i, (site, key)) in sites.iter().enumerate() {
+        if rules[i].1 {
+            let (rule, shadow) = rules[i];
+            let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
+            let answer = limiter.acquire_with(&rule, key, site.cost, on_error).await;
+            passes[i] = Some(conclude(site, &rule, shadow, key, answer).map_err(|l| (i, l))?);
+        }
+    }
+    let passes: Vec<Pass> = passes.into_iter().flatten().collect();
+    for (i, pass) in passes.iter().enumerate() {
+        note(seen, i, pass);
+    }
+    Ok(passes)
+}
+
+/// Keeps a pass's report for headers.
+fn note(seen: &mut [Option<Report>], i: usize, pass: &Pass) {
+    if let Some(slot) = seen.get_mut(i) {
+        *slot = Some(pass.report);
+    }
+}

@@ -7,12 +7,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Backend;
 use super::breaker::{Breaker, CircuitOpen};
 use super::hook::{Answered, BackendCall, LeaseRef, RoundTrip, Sealed, ServedBy};
 use super::memory::MemoryBackend;
 #[cfg(feature = "redis")]
 use super::over_limit::OverLimitCache;
+use super::{Backend, RuleCheck};
 use crate::decision::{Charge, Decision};
 use crate::error::{Error, OnError};
 use crate::rule::Rule;
@@ -199,6 +199,47 @@ impl<B: Backend> Backend for Failover<B> {
                 Ok(answer)
             }
             Err(error @ Error::Backend(_)) => self.fail_over(&call, error),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// A set under the one policy of a single check: the circuit breaker,
+    /// the insurance limiter for `on_error = local`, allow or deny.
+    async fn __answer_all(
+        &self,
+        _: Sealed,
+        checks: &[RuleCheck<'_>],
+        on_error: OnError,
+    ) -> Result<Vec<Answered>, Error> {
+        let answer = if self.breaker.allow() {
+            self.inner.__answer_all(Sealed::NEW, checks, on_error).await
+        } else {
+            Err(Error::backend(CircuitOpen))
+        };
+        match answer {
+            Ok(answers) => {
+                self.breaker.succeeded();
+                Ok(answers)
+            }
+            Err(error @ Error::Backend(_)) => {
+                if !matches!(&error, Error::Backend(e) if e.is::<CircuitOpen>()) {
+                    let trip = self.inner.__round_trip(Sealed::NEW, &error);
+                    self.breaker.failed(trip, &error, on_error);
+                }
+                match on_error {
+                    OnError::Local => {
+                        let mut answers = self.insurance.answer_all(checks);
+                        for answer in &mut answers {
+                            answer.by = ServedBy::Insurance;
+                        }
+                        Ok(answers)
+                    }
+                    OnError::Allow => {
+                        Ok(checks.iter().map(|c| Answered::unchecked(c.rule)).collect())
+                    }
+                    OnError::Deny => Err(error),
+                }
+            }
             Err(error) => Err(error),
         }
     }

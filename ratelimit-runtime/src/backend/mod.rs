@@ -3,7 +3,7 @@
 use std::future::Future;
 
 use crate::decision::{Charge, Decision};
-use crate::error::Error;
+use crate::error::{Error, OnError};
 use crate::rule::Rule;
 use hook::{Answered, BackendCall, LeaseRef, RoundTrip, Sealed};
 
@@ -139,6 +139,51 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         async { Err(Error::Unsupported("reset")) }
     }
 
+    /// Checks one call under several rules at once, all or nothing: if
+    /// every rule allows it, it takes its cost from every rule (a
+    /// `concurrency` rule's under the check's lease); if any refuses,
+    /// nothing is taken from any. Answers each rule's decision, in the
+    /// order given, as that rule found it (a rule that would have let the
+    /// call through says `allowed` even when another refused it: the
+    /// limiter tells the two apart). No two checks share a key.
+    ///
+    /// The built-in backends decide the whole set in one atomic step. The
+    /// default is not atomic: it takes from each rule in turn, in the order
+    /// of their keys, and if one refuses gives back what the others took
+    /// ([`refund`](Backend::refund), [`release`](Backend::release)), so a
+    /// concurrent call may be refused by units that are then given back,
+    /// and a give-back that fails leaves its units counted until the
+    /// rule's period passes.
+    fn check_all(
+        &self,
+        checks: &[RuleCheck<'_>],
+    ) -> impl Future<Output = Result<Vec<Decision>, Error>> + Send {
+        async move {
+            let mut order: Vec<usize> = (0..checks.len()).collect();
+            order.sort_by_key(|&i| checks[i].key);
+            let mut decisions = vec![None; checks.len()];
+            for &i in &order {
+                let c = &checks[i];
+                let decision = if crate::algorithm::spec(c.rule.algorithm()).leases {
+                    self.acquire(c.rule, c.key, c.cost, c.lease).await
+                } else {
+                    self.check(c.rule, c.key, c.cost).await
+                };
+                match decision {
+                    Ok(decision) => decisions[i] = Some(decision),
+                    Err(error) => {
+                        give_back(self, checks, &decisions).await;
+                        return Err(error);
+                    }
+                }
+            }
+            if decisions.iter().flatten().any(|d| !d.allowed) {
+                give_back(self, checks, &decisions).await;
+            }
+            Ok(decisions.into_iter().flatten().collect())
+        }
+    }
+
     // The crate's own hooks: sealed (their argument cannot be named
     // outside the crate), so a backend of yours keeps these defaults.
 
@@ -198,6 +243,68 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     fn __name(&self, _: Sealed) -> &'static str {
         "custom"
     }
+
+    /// Checks a set all or nothing ([`check_all`](Backend::check_all)),
+    /// with each rule's stamp and who answered; `on_error` is the set's
+    /// failure policy (the failover's).
+    #[doc(hidden)]
+    fn __answer_all(
+        &self,
+        _: Sealed,
+        checks: &[RuleCheck<'_>],
+        on_error: OnError,
+    ) -> impl Future<Output = Result<Vec<Answered>, Error>> + Send {
+        let _ = on_error;
+        async move {
+            let decisions = self.check_all(checks).await?;
+            if decisions.len() != checks.len() {
+                return Err(Error::Unsupported(
+                    "a custom backend's check_all answered another number of decisions",
+                ));
+            }
+            Ok(decisions
+                .into_iter()
+                .map(|d| Answered::by_backend(d, None))
+                .collect())
+        }
+    }
+}
+
+/// Gives back what the allowed checks of a set took (the default
+/// [`Backend::check_all`] after a refusal).
+async fn give_back<B: Backend + ?Sized>(
+    backend: &B,
+    checks: &[RuleCheck<'_>],
+    decisions: &[Option<Decision>],
+) {
+    for (c, decision) in checks.iter().zip(decisions) {
+        if !decision.is_some_and(|d| d.allowed) {
+            continue;
+        }
+        let given = if crate::algorithm::spec(c.rule.algorithm()).leases {
+            backend.release(c.rule, c.key, c.cost, c.lease).await
+        } else {
+            let charge = Charge::new(c.cost, None, false);
+            backend.refund(c.rule, c.key, charge).await.map(drop)
+        };
+        if let Err(error) = given {
+            tracing::warn!(%error, "could not give back a refused set's units; they stay counted");
+        }
+    }
+}
+
+/// One rule's part of a call checked under several rules at once
+/// ([`Backend::check_all`], [`RateLimiter::check_all`](crate::RateLimiter::check_all)).
+#[derive(Clone, Copy, Debug)]
+pub struct RuleCheck<'a> {
+    /// The rule.
+    pub rule: &'a Rule,
+    /// The key of its budget.
+    pub key: &'a str,
+    /// The units the call takes from it (`1..=rule.capacity()`).
+    pub cost: u64,
+    /// The lease id of a `concurrency` rule's units (0 for the others).
+    pub lease: u64,
 }
 
 /// A key held by value, in place when short (up to 22 bytes; 24 in all, so

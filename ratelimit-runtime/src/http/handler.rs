@@ -40,7 +40,7 @@ pub struct HttpCall {
     options: Option<HttpOptions>,
     client: Option<IpAddr>,
     /// Whether the request carried no peer address.
-    no_peer: bool,
+    pub(super) no_peer: bool,
     /// The values of the headers rules are keyed by.
     headers: Vec<(&'static str, Box<[u8]>)>,
 }

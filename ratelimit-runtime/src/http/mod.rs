@@ -15,6 +15,8 @@
 pub(crate) mod flow;
 #[cfg(any(feature = "actix", feature = "axum"))]
 pub(crate) mod handler;
+#[cfg(any(feature = "actix", feature = "axum"))]
+pub(crate) mod handler_set;
 mod headers;
 #[cfg(any(feature = "actix", feature = "tower"))]
 pub(crate) mod limit;

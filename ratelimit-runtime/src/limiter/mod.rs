@@ -5,6 +5,7 @@
 mod builder;
 mod install;
 mod permit;
+mod stacked;
 mod store;
 
 use std::hash::{BuildHasher, RandomState};
@@ -15,6 +16,7 @@ use once_cell::sync::OnceCell;
 
 pub use builder::RateLimiterBuilder;
 pub use permit::Permit;
+pub use stacked::{Permits, Verdict};
 
 use crate::backend::hook::{Answered, BackendCall, ServedBy};
 use crate::backend::memory::MemoryBackend;

@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backend::RuleCheck;
 use crate::backend::hook::{Answered, BackendCall, LeaseRef, Sealed};
 use crate::backend::memory::MemoryBackend;
 use crate::backend::{Backend, Failover};
@@ -28,6 +29,11 @@ pub(super) trait Store: Send + Sync + fmt::Debug + 'static {
     fn peek<'a>(&'a self, rule: &'a Rule, key: &'a str) -> Boxed<'a, Decision>;
     fn refund<'a>(&'a self, rule: &'a Rule, key: &'a str, charge: Charge) -> Boxed<'a, Decision>;
     fn reset<'a>(&'a self, rule: &'a Rule, key: &'a str) -> Boxed<'a, Decision>;
+    fn answer_all<'a>(
+        &'a self,
+        checks: &'a [RuleCheck<'a>],
+        on_error: OnError,
+    ) -> Boxed<'a, Vec<Answered>>;
     fn name(&self) -> &'static str;
 }
 
@@ -58,6 +64,14 @@ impl<B: Backend> Store for B {
 
     fn reset<'a>(&'a self, rule: &'a Rule, key: &'a str) -> Boxed<'a, Decision> {
         Box::pin(Backend::reset(self, rule, key))
+    }
+
+    fn answer_all<'a>(
+        &'a self,
+        checks: &'a [RuleCheck<'a>],
+        on_error: OnError,
+    ) -> Boxed<'a, Vec<Answered>> {
+        Box::pin(self.__answer_all(Sealed::NEW, checks, on_error))
     }
 
     fn name(&self) -> &'static str {

@@ -1,6 +1,7 @@
 //! The in-process store: the embedded default, and the insurance limiter
 //! while Redis is unavailable.
 
+mod set;
 mod shard;
 
 use std::future::Future;
@@ -443,6 +444,15 @@ impl Backend for MemoryBackend {
         Ok(self.reset_now(rule, key))
     }
 
+    async fn check_all(&self, checks: &[super::RuleCheck<'_>]) -> Result<Vec<Decision>, Error> {
+        let (outcomes, _) = self.check_all_now(checks);
+        Ok(outcomes
+            .iter()
+            .zip(checks)
+            .map(|(outcome, check)| outcome.decision(check.rule))
+            .collect())
+    }
+
     fn __answer_now(&self, _: Sealed, call: &BackendCall<'_>) -> Option<Answered> {
         Some(self.answer(call))
     }
@@ -462,6 +472,15 @@ impl Backend for MemoryBackend {
 
     fn __name(&self, _: Sealed) -> &'static str {
         "memory"
+    }
+
+    async fn __answer_all(
+        &self,
+        _: Sealed,
+        checks: &[super::RuleCheck<'_>],
+        _: crate::error::OnError,
+    ) -> Result<Vec<Answered>, Error> {
+        Ok(self.answer_all(checks))
     }
 }
 

@@ -256,6 +256,12 @@ impl Overflow {
         f(&mut budgets[at].1)
     }
 
+    /// The overflow budgets, locked (after any shard a caller holds: that
+    /// is the one order the store takes its locks in).
+    pub(super) fn lock(&self) -> MutexGuard<'_, Vec<(Rule, Slot)>> {
+        self.budgets.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Gives back lease `id` if an overflow budget holds it.
     pub(super) fn release(&self, id: u64) {
         let mut budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);

@@ -562,7 +562,7 @@ fn settle(
 /// their leases and the refunds of their checks (boxed: a batch that sends
 /// them is itself a batch). Then a refusal remembered for their keys (the
 /// limiter's over-limit cache) is forgotten.
-fn give_back(
+pub(super) fn give_back(
     gifts: Vec<(StoredKey, Call)>,
     conn: Arc<Conn>,
     scripts: Arc<Scripts>,

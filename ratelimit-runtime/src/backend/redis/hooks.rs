@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::RedisBackend;
 use super::codec::{Op, TimeSource};
+use crate::backend::RuleCheck;
 use crate::decision::{Charge, Decision};
 use crate::error::Error;
 use crate::rule::Rule;
@@ -65,6 +66,14 @@ pub trait RedisTestHooks: Sized {
     /// [`Backend::reset`](crate::Backend::reset) as if the server's clock
     /// read `now`.
     async fn reset_at(&self, rule: &Rule, key: &str, now: Duration) -> Result<Decision, Error>;
+
+    /// [`Backend::check_all`](crate::Backend::check_all) as if the server's
+    /// clock read `now`.
+    async fn check_all_at(
+        &self,
+        checks: &[RuleCheck<'_>],
+        now: Duration,
+    ) -> Result<Vec<Decision>, Error>;
 
     /// Every check joins a batch, even when nothing is on its way (for
     /// tests of the batch script; without it, checks made one after another
@@ -128,6 +137,15 @@ impl RedisTestHooks for RedisBackend {
     async fn reset_at(&self, rule: &Rule, key: &str, now: Duration) -> Result<Decision, Error> {
         let op = Op::Reset(rule.algorithm());
         self.look(op, rule, key, 1, fixed(now), None).await
+    }
+
+    async fn check_all_at(
+        &self,
+        checks: &[RuleCheck<'_>],
+        now: Duration,
+    ) -> Result<Vec<Decision>, Error> {
+        let answers = self.check_all_on(checks, fixed(now)).await?;
+        Ok(answers.into_iter().map(|(decision, _)| decision).collect())
     }
 
     fn batch_every_check(mut self) -> RedisBackend {

@@ -13,6 +13,7 @@ mod give_back;
 pub(crate) mod hooks;
 mod nodes;
 mod scripts;
+mod stacked;
 mod target;
 mod tls;
 
@@ -432,6 +433,24 @@ impl Backend for RedisBackend {
 
     fn __name(&self, _: Sealed) -> &'static str {
         "redis"
+    }
+
+    async fn check_all(&self, checks: &[super::RuleCheck<'_>]) -> Result<Vec<Decision>, Error> {
+        let answers = self.check_all_charged(checks).await?;
+        Ok(answers.into_iter().map(|(decision, _)| decision).collect())
+    }
+
+    async fn __answer_all(
+        &self,
+        _: Sealed,
+        checks: &[super::RuleCheck<'_>],
+        _: crate::error::OnError,
+    ) -> Result<Vec<Answered>, Error> {
+        let answers = self.check_all_charged(checks).await?;
+        Ok(answers
+            .into_iter()
+            .map(|(decision, stamp)| Answered::by_backend(decision, stamp))
+            .collect())
     }
 }
 

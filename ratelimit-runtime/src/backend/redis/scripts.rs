@@ -70,9 +70,29 @@ fn run_table<'a>(specs: impl Iterator<Item = &'a Spec> + Clone) -> String {
     )
 }
 
+/// What a call under several rules (all or nothing) runs before the batch
+/// driver.
+const WHOLE_PROLOGUE: &str = "whole = true\n";
+
 /// A batch script of these algorithms.
 fn script<'a>(specs: impl Iterator<Item = &'a Spec> + Clone) -> Script {
     Script::new(&[BIND, &body(specs.clone()), &run_table(specs), BATCH_DRIVER].concat())
+}
+
+/// The script of a call under several rules: a batch of every algorithm,
+/// all or nothing.
+fn whole_script() -> Script {
+    let specs = REGISTRY.iter();
+    Script::new(
+        &[
+            BIND,
+            &body(specs.clone()),
+            &run_table(specs),
+            WHOLE_PROLOGUE,
+            BATCH_DRIVER,
+        ]
+        .concat(),
+    )
 }
 
 pub(super) struct Scripts {
@@ -80,6 +100,8 @@ pub(super) struct Scripts {
     pub(super) batch: Script,
     /// The same for one algorithm's calls, indexed like the registry.
     by_algorithm: Vec<Script>,
+    /// A call under several rules, all or nothing.
+    pub(super) whole: Script,
     /// The same as a function library.
     pub(super) library: Library,
 }
@@ -93,12 +115,15 @@ impl Scripts {
                 .map(std::slice::from_ref)
                 .map(|one| script(one.iter()))
                 .collect(),
+            whole: whole_script(),
             library: Library::new(),
         }
     }
 
     pub(super) fn all(&self) -> impl Iterator<Item = &Script> {
-        std::iter::once(&self.batch).chain(&self.by_algorithm)
+        std::iter::once(&self.batch)
+            .chain(&self.by_algorithm)
+            .chain(std::iter::once(&self.whole))
     }
 
     /// The script for these calls: their algorithm's own, when they share
@@ -128,6 +153,10 @@ pub(super) struct Library {
     /// The batch function of a cluster master, whose keys may be of several
     /// slots (`lua/node.lua`).
     pub(super) node: String,
+    /// The function of a call under several rules, all or nothing.
+    pub(super) whole: String,
+    /// The same, for keys of several slots of one cluster master.
+    pub(super) whole_node: String,
     /// The library's source, for `FUNCTION LOAD REPLACE`.
     pub(super) source: String,
 }
@@ -139,7 +168,14 @@ impl Library {
         // What the library runs, hashed: a change to any of it is a new
         // version, with names of its own.
         let digest = sha1_smol::Sha1::from(
-            [body.as_str(), BATCH_DRIVER, ONE_DRIVER, NODE_PROLOGUE].concat(),
+            [
+                body.as_str(),
+                BATCH_DRIVER,
+                ONE_DRIVER,
+                NODE_PROLOGUE,
+                WHOLE_PROLOGUE,
+            ]
+            .concat(),
         )
         .digest()
         .to_string();
@@ -147,6 +183,8 @@ impl Library {
         let function = format!("ratelimit_batch_{version}");
         let one = format!("ratelimit_one_{version}");
         let node = format!("ratelimit_node_{version}");
+        let whole = format!("ratelimit_whole_{version}");
+        let whole_node = format!("ratelimit_whole_node_{version}");
         // bind.lua's lines `local names = values`: the names declared at
         // load, the values given at each call (`redis` and `struct` exist
         // only in a call).
@@ -183,11 +221,26 @@ impl Library {
                 "\nend}\n"
             });
         };
-        register(&function, "spread = false\n", BATCH_DRIVER, "");
+        register(
+            &function,
+            "spread, whole = false, false\n",
+            BATCH_DRIVER,
+            "",
+        );
         register(&one, "", ONE_DRIVER, "");
+        let node_prologue = ["whole = false\n", NODE_PROLOGUE].concat();
         register(
             &node,
-            NODE_PROLOGUE,
+            &node_prologue,
+            BATCH_DRIVER,
+            "'allow-cross-slot-keys'",
+        );
+        let whole_prologue = ["spread = false\n", WHOLE_PROLOGUE].concat();
+        register(&whole, &whole_prologue, BATCH_DRIVER, "");
+        let whole_node_prologue = [NODE_PROLOGUE, WHOLE_PROLOGUE].concat();
+        register(
+            &whole_node,
+            &whole_node_prologue,
             BATCH_DRIVER,
             "'allow-cross-slot-keys'",
         );
@@ -195,6 +248,8 @@ impl Library {
             function,
             one,
             node,
+            whole,
+            whole_node,
             source,
         }
     }
@@ -237,7 +292,7 @@ mod tests {
                 .source
                 .matches("redis_call, redis_pcall = redis.call, redis.pcall\n")
                 .count(),
-            3,
+            5,
             "set in each function"
         );
         for name in [

@@ -21,6 +21,9 @@
 -- written before this from the registry. A peek, a refund and a reset
 -- answer what a check of cost 1 would answer next, without running it.
 --
+-- With `whole` (set before this runs), the batch is one call under several
+-- rules, all or nothing: see below.
+--
 -- A check's rule is unpacked once per batch, not once per check: most
 -- checks of a batch share a few rules.
 
@@ -71,6 +74,41 @@ local only, costed = #rules == 1, #costs > 0
 local dated = #deadlines > 0 and time and struct_unpack('>d', deadlines, 1) < time
 local check, now, slack, count, burst, period, leased, first = unpack(rules[1] or {})
 local out, lease, cost = {}, 5, 1
+if whole then
+    -- One call under several rules: every check runs dry first (it reads
+    -- its key, writes nothing) and only if every one allows the call do
+    -- they run again and write. Past its deadline, none runs.
+    if dated then
+        for n = 1, 4 * checks do out[n] = 0 end
+        for i = 1, checks do out[4 * i - 3] = 2 end
+        out[4 * checks + 1] = time
+        return struct_pack('>' .. string.rep('d', 4 * checks + 1), unpack(out))
+    end
+    local refused = false
+    dry = true
+    for i = 1, checks do
+        local id = nil
+        check, now, slack, count, burst, period, leased, first =
+            unpack(rules[string_byte(order, i)])
+        if costed then cost = struct_unpack('>d', costs, 8 * i - 7) end
+        if leased then
+            lease = lease + 1
+            id = ARGV[lease]
+        end
+        pending = values[i]
+        local n = 4 * i
+        out[n - 3], out[n - 2], out[n - 1], out[n] =
+            step(check, first, KEYS[i], now, slack, count, burst, period, cost, id)
+        if out[n - 3] ~= 1 then refused = true end
+    end
+    dry, pending = false, nil
+    if refused then
+        out[4 * checks + 1] = time or -1
+        return struct_pack('>' .. string.rep('d', 4 * checks + 1), unpack(out))
+    end
+    lease, out, cost = 5, {}, 1
+    check, now, slack, count, burst, period, leased, first = unpack(rules[1] or {})
+end
 for i = 1, checks do
     local id = nil
     if not only then

@@ -103,6 +103,10 @@ end
 -- library's `node` function; see batch.lua).
 local spread = false
 
+-- Whether the batch is one call under several rules, all or nothing
+-- (src/backend/redis/stacked.rs; see batch.lua).
+local whole = false
+
 -- Whether the job being run only looks (a peek, or the answer after a
 -- refund or a reset): its writes are skipped. Every write of an algorithm
 -- goes through `write`.

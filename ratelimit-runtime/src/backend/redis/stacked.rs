@@ -1,0 +1,321 @@
+//! A call under several rules on Redis, all or nothing: one script run (the
+//! batch driver with `whole` set, `lua/batch.lua`) reads and decides every
+//! rule's state, writing nothing, and writes only if every rule allows the
+//! call. On a cluster, keys of one slot go in one call; keys of several
+//! slots of one master in one call of the library's cross-slot function;
+//! keys of several masters are taken one slot after another, in the order
+//! of their slots, and what was taken is given back if one refuses (see
+//! the README's "What a fault can still cost").
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::batch;
+use super::codec::{self, Call, Op, ScriptAnswer, TimeSource};
+use super::connection::{Busy, Endpoint, call_script, script_call};
+use super::{Expired, RedisBackend, TimedOut, nodes};
+use crate::algorithm::{self, Outcome, spec};
+use crate::backend::{RuleCheck, StoredKey};
+use crate::decision::Decision;
+use crate::error::Error;
+
+/// Checks of a set that go in one script call, by their place in the set,
+/// and whether they go as keys of several slots of one cluster master.
+struct Group {
+    members: Vec<usize>,
+    cross_slot: bool,
+}
+
+impl RedisBackend {
+    /// [`Backend::check_all`](crate::Backend::check_all), with the stamp of
+    /// what each allowed check (not a lease) charged.
+    pub(crate) async fn check_all_charged(
+        &self,
+        checks: &[RuleCheck<'_>],
+    ) -> Result<Vec<(Decision, Option<u64>)>, Error> {
+        self.check_all_on(checks, TimeSource::Server).await
+    }
+
+    pub(super) async fn check_all_on(
+        &self,
+        checks: &[RuleCheck<'_>],
+        clock: TimeSource,
+    ) -> Result<Vec<(Decision, Option<u64>)>, Error> {
+        if checks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let calls: Vec<Call> = checks
+            .iter()
+            .map(|c| {
+                let lease = spec(c.rule.algorithm()).leases.then_some(c.lease);
+                Call::new(Op::Check(c.rule.algorithm()), c.rule, c.cost, clock, lease)
+            })
+            .collect();
+        let keys: Vec<StoredKey> = checks.iter().map(|c| StoredKey::new(c.key)).collect();
+        let groups = self.groups(&keys);
+        let mut ran: Vec<Option<(Outcome, Option<u64>)>> = vec![None; checks.len()];
+        let mut taken = vec![false; checks.len()];
+        let mut failed = None;
+        for group in &groups {
+            match self.send_whole(group, &keys, &calls).await {
+                Ok((outcomes, now)) => {
+                    // A group is all or nothing: a refused one took nothing.
+                    let passed = outcomes.iter().all(|o| o.allowed);
+                    for (&i, outcome) in group.members.iter().zip(outcomes) {
+                        ran[i] = Some((outcome, now));
+                        taken[i] = passed;
+                    }
+                }
+                Err(error) => {
+                    failed = Some(error);
+                    break;
+                }
+            }
+        }
+        // Several calls (keys of several masters): what some took is given
+        // back if another refused (or failed).
+        let refused = ran.iter().flatten().any(|(outcome, _)| !outcome.allowed);
+        if groups.len() > 1 && (refused || failed.is_some()) {
+            let jobs: Vec<(StoredKey, Call)> = ran
+                .iter()
+                .zip(&taken)
+                .zip(keys.iter().zip(&calls))
+                .filter_map(|((ran, &taken), (key, call))| {
+                    let (outcome, now) = ran.as_ref()?;
+                    if !taken {
+                        return None;
+                    }
+                    super::give_back::give_back_of(key, call, outcome, *now)
+                })
+                .collect();
+            if !jobs.is_empty() {
+                batch::give_back(
+                    jobs,
+                    Arc::clone(&self.conn),
+                    Arc::clone(&self.scripts),
+                    self.timeout,
+                )
+                .await;
+            }
+        }
+        if let Some(error) = failed {
+            return Err(error);
+        }
+        Ok(ran
+            .into_iter()
+            .zip(checks)
+            .map(|(ran, check)| {
+                let (outcome, now) = ran.expect("every group ran");
+                let stamp = now
+                    .filter(|_| outcome.allowed && !spec(check.rule.algorithm()).leases)
+                    .map(|now| {
+                        algorithm::stamp(
+                            check.rule.algorithm(),
+                            check.rule.period_us(),
+                            now,
+                            &outcome,
+                        )
+                    });
+                (outcome.decision(check.rule), stamp)
+            })
+            .collect())
+    }
+
+    /// The set's checks in the calls they go in: one, but on a cluster
+    /// whose keys are on several masters (or of several slots where the
+    /// library's functions are not loaded): one call per slot, in the
+    /// order of the slots.
+    fn groups(&self, keys: &[StoredKey]) -> Vec<Group> {
+        let all = || (0..keys.len()).collect::<Vec<_>>();
+        if !matches!(self.conn.endpoint, Endpoint::Cluster(_)) {
+            return vec![Group {
+                members: all(),
+                cross_slot: false,
+            }];
+        }
+        let slots: Vec<u16> = keys.iter().map(|k| nodes::slot(k.as_bytes())).collect();
+        if slots.iter().all(|&s| s == slots[0]) {
+            return vec![Group {
+                members: all(),
+                cross_slot: false,
+            }];
+        }
+        let functions = self
+            .conn
+            .functions
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if functions && let Some(map) = self.conn.slot_map() {
+            let masters: Vec<Option<u16>> =
+                keys.iter().map(|k| map.master_of(k.as_bytes())).collect();
+            if masters[0].is_some() && masters.iter().all(|&m| m == masters[0]) {
+                return vec![Group {
+                    members: all(),
+                    cross_slot: true,
+                }];
+            }
+        }
+        let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, &slot) in slots.iter().enumerate() {
+            match by_slot.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, members)) => members.push(i),
+                None => by_slot.push((slot, vec![i])),
+            }
+        }
+        by_slot.sort_by_key(|(slot, _)| *slot);
+        by_slot
+            .into_iter()
+            .map(|(_, members)| Group {
+                members,
+                cross_slot: false,
+            })
+            .collect()
+    }
+
+    /// One script call of a group, all or nothing: each member's outcome,
+    /// and the time it ran at (`None`: the server's, not read).
+    async fn send_whole(
+        &self,
+        group: &Group,
+        keys: &[StoredKey],
+        calls: &[Call],
+    ) -> Result<(Vec<Outcome>, Option<u64>), Error> {
+        // The checks whose state is a string first, read ahead in one MGET
+        // (the keys of a set are distinct), then the others.
+        let mut order = group.members.clone();
+        order.sort_by_key(|&i| calls[i].place());
+        let read_ahead = order.iter().filter(|&&i| calls[i].place() == 0).count();
+        let deadline = Instant::now() + self.timeout;
+        let server_deadline = self.conn.server_deadline(deadline, self.timeout / 5);
+        let wire: Vec<(StoredKey, Call)> = order
+            .iter()
+            .map(|&i| {
+                let call = Call {
+                    deadline: server_deadline,
+                    ..calls[i]
+                };
+                (keys[i].clone(), call)
+            })
+            .collect();
+        let cross_slot = group.cross_slot;
+        let busy = Busy::enter(Arc::clone(&self.busy));
+        let (conn, scripts) = (Arc::clone(&self.conn), Arc::clone(&self.scripts));
+        let wire = Arc::new(wire);
+        let sent = Arc::clone(&wire);
+        let mut task = tokio::spawn(async move {
+            let _busy = busy;
+            let wire = sent;
+            conn.restore_functions(&scripts);
+            let mut live = conn.get(&scripts).await?;
+            let route = cross_slot.then(|| wire[0].0.as_bytes());
+            let call = |function: bool| {
+                let mut cmd = if function && cross_slot {
+                    let mut cmd = redis::cmd("FCALL");
+                    cmd.arg(&scripts.library.whole_node).arg(0);
+                    cmd
+                } else {
+                    script_call(function, &scripts.library.whole, &scripts.whole)
+                };
+                codec::encode(
+                    &mut cmd,
+                    wire.iter().map(|(key, call)| (key.as_bytes(), call)),
+                    read_ahead,
+                );
+                cmd
+            };
+            let reply = call_script::<Vec<u8>>(
+                &mut live,
+                &conn,
+                &scripts.library,
+                &scripts.whole,
+                route,
+                call,
+            )
+            .await;
+            conn.restore_functions(&scripts);
+            match reply {
+                Ok(reply) if codec::not_here(&reply) => {
+                    if let Ok(mut live) = conn.get(&scripts).await {
+                        conn.learn_slots(&mut live).await;
+                    }
+                    Err(Error::backend(SlotMoved))
+                }
+                Ok(reply) => codec::decode(&reply, wire.len()),
+                Err(error) => {
+                    conn.forget(&error);
+                    Err(Error::backend(error))
+                }
+            }
+        });
+        let answer = match tokio::time::timeout(self.timeout, &mut task).await {
+            Ok(joined) => joined.map_err(|_| Error::backend(TimedOut(self.timeout)))?,
+            Err(_) => {
+                // The caller stops waiting: what the script allowed it, if
+                // its answer still comes, is given back.
+                let (conn, scripts, timeout) = (
+                    Arc::clone(&self.conn),
+                    Arc::clone(&self.scripts),
+                    self.timeout,
+                );
+                tokio::spawn(async move {
+                    let Ok(Ok((answers, time))) = task.await else {
+                        return;
+                    };
+                    let jobs: Vec<(StoredKey, Call)> = answers
+                        .iter()
+                        .zip(wire.iter())
+                        .filter_map(|(answer, (key, call))| match answer {
+                            ScriptAnswer::Ran(outcome) if outcome.allowed => {
+                                let now = match call.clock {
+                                    TimeSource::Server => time,
+                                    TimeSource::Fixed(now) => Some(now),
+                                };
+                                super::give_back::give_back_of(key, call, outcome, now)
+                            }
+                            _ => None,
+                        })
+                        .collect();
+                    if !jobs.is_empty() {
+                        batch::give_back(jobs, conn, scripts, timeout).await;
+                    }
+                });
+                return Err(Error::backend(TimedOut(self.timeout)));
+            }
+        };
+        let (answers, time) = answer?;
+        if let Some(time) = time {
+            self.conn.saw_server_time(time);
+        }
+        let mut outcomes = vec![None; calls.len()];
+        for (answer, &i) in answers.into_iter().zip(&order) {
+            match answer {
+                ScriptAnswer::Ran(outcome) => outcomes[i] = Some(outcome),
+                ScriptAnswer::Late => return Err(Error::backend(Expired(self.timeout))),
+                ScriptAnswer::Refused => return Err(Error::backend(SlotMoved)),
+            }
+        }
+        let now = match calls[group.members[0]].clock {
+            TimeSource::Server => time,
+            TimeSource::Fixed(now) => Some(now),
+        };
+        let outcomes = group
+            .members
+            .iter()
+            .map(|&i| outcomes[i].expect("one answer per check"))
+            .collect();
+        Ok((outcomes, now))
+    }
+}
+
+/// A key of a set was not on the cluster master its call went to (a slot
+/// moved): nothing of that call counted.
+#[derive(Debug)]
+struct SlotMoved;
+
+impl std::fmt::Display for SlotMoved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a key of a set of rules was not on the cluster master its call went to")
+    }
+}
+
+impl std::error::Error for SlotMoved {}
