@@ -267,7 +267,7 @@ pub fn reject<R: Reject>(limited: RateLimited) -> R {
 
 /// Checks one call under several rules at once, all or nothing, with the
 /// first site's limiter (`Site::limiter`): stacked attributes on a plain
-/// async fn. See [`check_all_on`].
+/// async fn. See `check_all_on`.
 ///
 /// # Errors
 ///

@@ -35,7 +35,7 @@ pub(crate) use over_limit::OverLimitCache;
 /// ([`RateLimiterBuilder::backend`](crate::RateLimiterBuilder::backend))
 /// fails over as it does on Redis: when a call answers
 /// [`Error::Backend`], the rule's failure policy decides
-/// ([`OnError`](crate::OnError): check it in process memory, allow or
+/// ([`OnError`]: check it in process memory, allow or
 /// deny it), and after consecutive failures a circuit breaker stops
 /// sending calls to the backend, but for one probe every
 /// [`probe_interval`](crate::RateLimiterBuilder::probe_interval). Other
