@@ -16,7 +16,7 @@ use http_body_util::{Either, Full};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::http::flow::{Held, LimitedRequest, Prepared, admitted};
+use crate::http::flow::{Held, LimitedRequest, Prepared, Responding, admitted};
 use crate::http::limit::{KeyFn, Limit, Sites, Subject, limit_builder};
 use crate::http::{Headers, HttpOptions, Refusal, Tiers, append};
 use crate::limiter::RateLimiter;
@@ -249,50 +249,37 @@ pin_project_lite::pin_project! {
     /// The future of a [`LimitedService`]'s response.
     pub struct ResponseFuture<F, B, E> {
         #[pin]
-        stage: Stage<F, B, E>,
-    }
-}
-
-pin_project_lite::pin_project! {
-    #[project = StageProj]
-    enum Stage<F, B, E> {
-        /// The inner service's response, then the fields.
-        Inner {
-            #[pin]
-            future: F,
-            held: Option<Held>,
-        },
-        /// Answered without the inner service (a refusal).
-        Ready {
-            #[pin]
-            future: std::future::Ready<Result<Response<LimitedBody<B>>, E>>,
-        },
-        /// The check and the response, waiting for the store.
-        Waiting {
-            future: Waiting<B, E>,
-        },
+        stage: Responding<F, Response<B>, Response<LimitedBody<B>>, E, Waiting<B, E>>,
     }
 }
 
 impl<F, B, E> ResponseFuture<F, B, E> {
     fn inner(future: F, held: Option<Held>) -> Self {
-        ResponseFuture {
-            stage: Stage::Inner { future, held },
-        }
+        let finish = |mut response: Response<B>, held: Option<Held>| {
+            if let Some((permit, fields)) = held {
+                drop(permit);
+                append(response.headers_mut(), fields);
+            }
+            response.map(Either::Left)
+        };
+        let stage = Responding::Inner {
+            future,
+            held,
+            finish,
+        };
+        ResponseFuture { stage }
     }
 
     fn ready(response: Response<LimitedBody<B>>) -> Self {
-        ResponseFuture {
-            stage: Stage::Ready {
-                future: std::future::ready(Ok(response)),
-            },
-        }
+        let stage = Responding::Ready {
+            answer: Some(Ok(response)),
+        };
+        ResponseFuture { stage }
     }
 
     fn waiting(future: Waiting<B, E>) -> Self {
-        ResponseFuture {
-            stage: Stage::Waiting { future },
-        }
+        let stage = Responding::Waiting { future };
+        ResponseFuture { stage }
     }
 }
 
@@ -309,19 +296,7 @@ where
     type Output = Result<Response<LimitedBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().stage.project() {
-            StageProj::Inner { future, held } => {
-                let mut response = std::task::ready!(future.poll(cx))?;
-                // The permit goes once the response is produced.
-                if let Some((permit, fields)) = held.take() {
-                    drop(permit);
-                    append(response.headers_mut(), fields);
-                }
-                Poll::Ready(Ok(response.map(Either::Left)))
-            }
-            StageProj::Ready { future } => future.poll(cx),
-            StageProj::Waiting { future } => future.as_mut().poll(cx),
-        }
+        self.project().stage.poll(cx)
     }
 }
 

@@ -11,7 +11,7 @@ use actix_web::body::EitherBody;
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
 
 use super::{append, client_ip, limiter_for, options_for, response};
-use crate::http::flow::{Held, LimitedRequest, Prepared, admitted};
+use crate::http::flow::{Held, LimitedRequest, Prepared, Responding, admitted};
 use crate::http::limit::{KeyFn, Limit, Sites, Subject, limit_builder};
 use crate::http::{Headers, HttpOptions, Refusal, Tiers};
 
@@ -166,54 +166,44 @@ fn refuse<B>(req: ServiceRequest, refusal: Refusal) -> ServiceResponse<EitherBod
 /// The middleware's answer, once the store has been awaited.
 type Answer<B> = Result<ServiceResponse<EitherBody<B>>, actix_web::Error>;
 
+/// A check that waits for the store, and the response after it.
+type Waiting<B> = Pin<Box<dyn Future<Output = Answer<B>>>>;
+
 pin_project_lite::pin_project! {
     /// The future of a [`RateLimitService`]'s response.
     pub struct RateLimitFuture<F, B> {
         #[pin]
-        stage: Stage<F, B>,
-    }
-}
-
-pin_project_lite::pin_project! {
-    #[project = StageProj]
-    enum Stage<F, B> {
-        /// The inner service's response, then the fields.
-        Inner {
-            #[pin]
-            future: F,
-            held: Option<Held>,
-        },
-        /// Answered without the inner service (a refusal).
-        Ready {
-            #[pin]
-            future: Ready<Answer<B>>,
-        },
-        /// The check and the response, waiting for the store.
-        Waiting {
-            future: Pin<Box<dyn Future<Output = Answer<B>>>>,
-        },
+        stage: Responding<F, ServiceResponse<B>, ServiceResponse<EitherBody<B>>, actix_web::Error, Waiting<B>>,
     }
 }
 
 impl<F, B> RateLimitFuture<F, B> {
     fn inner(future: F, held: Option<Held>) -> Self {
-        RateLimitFuture {
-            stage: Stage::Inner { future, held },
-        }
+        let finish = |mut response: ServiceResponse<B>, held: Option<Held>| {
+            if let Some((permit, fields)) = held {
+                drop(permit);
+                append(response.response_mut(), fields);
+            }
+            response.map_into_left_body()
+        };
+        let stage = Responding::Inner {
+            future,
+            held,
+            finish,
+        };
+        RateLimitFuture { stage }
     }
 
     fn ready(response: ServiceResponse<EitherBody<B>>) -> Self {
-        RateLimitFuture {
-            stage: Stage::Ready {
-                future: ready(Ok(response)),
-            },
-        }
+        let stage = Responding::Ready {
+            answer: Some(Ok(response)),
+        };
+        RateLimitFuture { stage }
     }
 
-    fn waiting(future: Pin<Box<dyn Future<Output = Answer<B>>>>) -> Self {
-        RateLimitFuture {
-            stage: Stage::Waiting { future },
-        }
+    fn waiting(future: Waiting<B>) -> Self {
+        let stage = Responding::Waiting { future };
+        RateLimitFuture { stage }
     }
 }
 
@@ -230,19 +220,7 @@ where
     type Output = Answer<B>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().stage.project() {
-            StageProj::Inner { future, held } => {
-                let mut response = std::task::ready!(future.poll(cx))?;
-                // The permit goes once the response is produced.
-                if let Some((permit, fields)) = held.take() {
-                    drop(permit);
-                    append(response.response_mut(), fields);
-                }
-                Poll::Ready(Ok(response.map_into_left_body()))
-            }
-            StageProj::Ready { future } => future.poll(cx),
-            StageProj::Waiting { future } => future.as_mut().poll(cx),
-        }
+        self.project().stage.poll(cx)
     }
 }
 

@@ -8,8 +8,11 @@
 //! responses.
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use super::limit::{Limit, Sites, Verdict};
 use super::{Field, Headers, HttpOptions, Refusal, rate_limit_headers, refusal};
@@ -115,5 +118,54 @@ impl<K> Limit<K> {
         let charge = held.permit().charge();
         drop(held);
         self.settle(site, limiter, key, charge, status).await;
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A middleware's response future, for both frameworks: the inner
+    /// service's response finished with the fields (`finish`: appends them
+    /// and maps the body), a refusal answered at once, or a check that
+    /// waits for the store (`W`, boxed by the framework).
+    #[project = RespondingProj]
+    pub(crate) enum Responding<F, T, U, E, W> {
+        /// The inner service's response, then the fields.
+        Inner {
+            #[pin]
+            future: F,
+            held: Option<Held>,
+            finish: fn(T, Option<Held>) -> U,
+        },
+        /// Answered without the inner service (a refusal).
+        Ready { answer: Option<Result<U, E>> },
+        /// The check and the response, waiting for the store.
+        Waiting { future: W },
+    }
+}
+
+impl<F, T, U, E, W> Future for Responding<F, T, U, E, W>
+where
+    F: Future<Output = Result<T, E>>,
+    W: Future<Output = Result<U, E>> + Unpin,
+{
+    type Output = Result<U, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            RespondingProj::Inner {
+                future,
+                held,
+                finish,
+            } => {
+                let response = std::task::ready!(future.poll(cx))?;
+                // The permit goes once the response is produced.
+                Poll::Ready(Ok(finish(response, held.take())))
+            }
+            RespondingProj::Ready { answer } => Poll::Ready(
+                answer
+                    .take()
+                    .expect("a response future polled after it ended"),
+            ),
+            RespondingProj::Waiting { future } => Pin::new(future).poll(cx),
+        }
     }
 }
