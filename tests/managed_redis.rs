@@ -35,8 +35,7 @@ async fn tls_with_the_servers_authority_counts_and_a_wrong_one_fails_build() {
     let ca = TestCa::new();
     let server = TlsServer::start(&ca);
     let limiter = builder()
-        .redis(server.url())
-        .tls_root_certificate(ca.ca_pem())
+        .redis(RedisTarget::from(server.url()).tls_root_certificate(ca.ca_pem()))
         .build()
         .await
         .expect("a TLS connection");
@@ -46,8 +45,7 @@ async fn tls_with_the_servers_authority_counts_and_a_wrong_one_fails_build() {
 
     let wrong = TestCa::new();
     let error = builder()
-        .redis(server.url())
-        .tls_root_certificate(wrong.ca_pem())
+        .redis(RedisTarget::from(server.url()).tls_root_certificate(wrong.ca_pem()))
         .connect_timeout(Duration::from_secs(2))
         .build()
         .await

@@ -86,8 +86,10 @@ async fn builders_and_their_errors_show_no_password() {
     fails_clean(
         "a TLS URL with a bad certificate",
         redis()
-            .redis(format!("rediss://:{PASSWORD}@127.0.0.1:{closed}/"))
-            .tls_root_certificate(b"not a certificate".to_vec()),
+            .redis(
+                RedisTarget::from(format!("rediss://:{PASSWORD}@127.0.0.1:{closed}/"))
+                    .tls_root_certificate(b"not a certificate".to_vec()),
+            ),
     )
     .await;
     let client =

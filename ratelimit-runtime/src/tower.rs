@@ -3,7 +3,9 @@
 //! `tower::Service` of `http` requests, with the same rules, limiter lookup
 //! and pipeline as `#[rate_limit]` and the actix-web middleware.
 
+use std::borrow::{BorrowMut, Cow};
 use std::future::Future;
+use std::marker::PhantomData;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,12 +18,15 @@ use http_body_util::{Either, Full};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::http::flow::{Held, LimitedRequest, Prepared, Responding, admitted};
-use crate::http::limit::{KeyFn, Limit, Sites, Subject, limit_builder};
-use crate::http::{Headers, HttpOptions, Refusal, Tiers, append};
+use crate::http::flow::{self, Deferred, Exchange, LimitedRequest, Responding};
+use crate::http::limit::{KeyFn, Sites};
+use crate::http::middleware::PeerFn;
+use crate::http::{Field, Headers, HttpOptions, Middleware, Refusal, append};
 use crate::limiter::RateLimiter;
 
-/// Rate limiting for every request a tower service handles.
+/// Rate limiting for every request a tower service handles: a
+/// [`Middleware`] over the request's head (`http::request::Parts`, what its
+/// [`by_key`](Middleware::by_key) and tier pickers read).
 ///
 /// ```
 /// use std::time::Duration;
@@ -35,66 +40,25 @@ use crate::limiter::RateLimiter;
 ///     .layer(RateLimitLayer::new(API).name("api").by_ip().exempt_path("/health"));
 /// ```
 ///
-/// - **Limiter**: the one given to [`limiter`](RateLimitLayer::limiter),
+/// - **Limiter**: the one given to [`limiter`](Middleware::limiter),
 ///   else a `RateLimiter` request extension (`Extension(limiter)` in axum),
 ///   else the global one.
-/// - **Options**: likewise, [`options`](RateLimitLayer::options), else an
+/// - **Options**: likewise, [`options`](Middleware::options), else an
 ///   `HttpOptions` extension, else the defaults.
-/// - **Client address** (for [`by_ip`](RateLimitLayer::by_ip)): axum's
+/// - **Client address** (for [`by_ip`](Middleware::by_ip)): axum's
 ///   `ConnectInfo<SocketAddr>` (with the `axum` feature; serve with
 ///   `into_make_service_with_connect_info::<SocketAddr>()`), or a
-///   `SocketAddr` extension, or what [`peer`](RateLimitLayer::peer) reads
+///   `SocketAddr` extension, or what [`peer`](Middleware::peer) reads
 ///   (tonic's `TcpConnectInfo`, for example). Behind trusted proxies, the
 ///   forwarding header the options name.
 ///
 /// Allowed responses carry the rate-limit fields; a refused request gets
 /// `429` with `Retry-After` (a gRPC request, `grpc-status` 8,
-/// `RESOURCE_EXHAUSTED`). A concurrency rule's lease is held until the inner
-/// service has produced its response. Decisions go through the same
-/// decision pipeline as the attribute's: overrides, shadow mode,
-/// the failure policy and metrics apply alike.
-#[derive(Clone)]
-pub struct RateLimitLayer {
-    inner: Arc<Limit<KeyFn<Parts>>>,
-    limiter: Option<RateLimiter>,
-    options: Option<Arc<HttpOptions>>,
-    peer: Option<PeerFn>,
-}
+/// `RESOURCE_EXHAUSTED`).
+pub type RateLimitLayer = Middleware<Parts>;
 
-/// A closure that reads a request's peer address.
-type PeerFn = Arc<dyn Fn(&Parts) -> Option<IpAddr> + Send + Sync>;
-
-limit_builder!(RateLimitLayer, Parts);
-
-impl RateLimitLayer {
-    fn from_limit(inner: Arc<Limit<KeyFn<Parts>>>) -> Self {
-        RateLimitLayer {
-            inner,
-            limiter: None,
-            options: None,
-            peer: None,
-        }
-    }
-
-    /// A budget per key your closure computes from the request's head;
-    /// `None` lets the request through unlimited.
-    pub fn by_key(self, key: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
-        self.with(|m| m.by = Subject::Key(Arc::new(key)))
-    }
-
-    /// Rules chosen per request: `pick` names a tier of `tiers` from the
-    /// request's head (a plan from an API key, a header), whose rule then
-    /// decides, under its own name; `None`, or a name not in the table,
-    /// leaves the layer's own rule. The subject (`by_ip`, `by_header`,
-    /// `by_key`) is the same.
-    pub fn tiers(
-        self,
-        tiers: Tiers,
-        pick: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-    ) -> Self {
-        self.with(|m| m.tiers = Some((tiers, Arc::new(pick))))
-    }
-
+/// The layer's own settings (the actix-web middleware reads its app's).
+impl Middleware<Parts> {
     /// The limiter to use (instead of a request extension or the global one).
     pub fn limiter(mut self, limiter: RateLimiter) -> Self {
         self.limiter = Some(limiter);
@@ -116,7 +80,7 @@ impl RateLimitLayer {
     }
 }
 
-impl<S> Layer<S> for RateLimitLayer {
+impl<S> Layer<S> for Middleware<Parts> {
     type Service = LimitedService<S>;
 
     /// Logs an error when the layer's keys need a key secret its limiter
@@ -124,11 +88,11 @@ impl<S> Layer<S> for RateLimitLayer {
     /// with 500 until the limiter has one.
     fn layer(&self, inner: S) -> LimitedService<S> {
         let _ = self
-            .inner
+            .limit
             .check_secret(self.limiter.as_ref(), self.options.as_deref());
         LimitedService {
             inner,
-            sites: Arc::new(Sites::new(&self.inner)),
+            sites: Arc::new(Sites::new(&self.limit)),
             layer: self.clone(),
         }
     }
@@ -169,76 +133,22 @@ where
         self.inner.poll_ready(cx)
     }
 
-    /// Decides before anything is awaited: the subject, the key and, in
-    /// process memory, the check itself, so the inner service is called at
-    /// once; a store that must be awaited is awaited in the future.
+    /// The middlewares' one request flow ([`flow::respond`]).
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let (parts, body) = req.into_parts();
         let layer = &self.layer;
-        let limiter = match &layer.limiter {
-            Some(limiter) => limiter,
-            None => parts
-                .extensions
-                .get::<RateLimiter>()
-                .unwrap_or_else(|| RateLimiter::global()),
-        };
-        let options = match &layer.options {
-            Some(options) => options,
-            None => parts
-                .extensions
-                .get::<HttpOptions>()
-                .unwrap_or_else(|| HttpOptions::default_ref()),
-        };
-        let request = TowerRequest {
-            parts: &parts,
+        let exchange = TowerExchange {
+            service: &mut self.inner,
+            parts,
+            body,
+            limiter: layer.limiter.as_ref().map(Cow::Borrowed),
+            options: layer.options.as_ref().map(Cow::Borrowed),
             peer: layer.peer.as_ref(),
+            kind: PhantomData::<S>,
         };
-        let (site, key) = match layer.inner.prepare(&self.sites, limiter, options, &request) {
-            Prepared::Pass => {
-                let future = self.inner.call(Request::from_parts(parts, body));
-                return ResponseFuture::inner(future, None);
-            }
-            Prepared::Refuse(refusal) => {
-                return ResponseFuture::ready(refused(refusal, is_grpc(&parts.headers)));
-            }
-            Prepared::Check(site, key) => (site, key),
-        };
-        if !layer.inner.settles()
-            && let Some(checked) = crate::pipeline::check_now(site, limiter, &key)
-        {
-            return match admitted(checked, options) {
-                Ok(held) => {
-                    let future = self.inner.call(Request::from_parts(parts, body));
-                    ResponseFuture::inner(future, Some(held))
-                }
-                Err(refusal) => ResponseFuture::ready(refused(refusal, is_grpc(&parts.headers))),
-            };
+        ResponseFuture {
+            stage: flow::respond(exchange, &layer.limit, &self.sites),
         }
-        // The store must be awaited (or a refund after the response): the
-        // service that was made ready answers this request, a clone takes
-        // its place.
-        let grpc = is_grpc(&parts.headers);
-        let (site, key) = (Arc::clone(site), key.into_owned());
-        let limiter = limiter.clone();
-        let options = match &layer.options {
-            Some(options) => Arc::clone(options),
-            None => Arc::new(options.clone()),
-        };
-        let limit = Arc::clone(&layer.inner);
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::waiting(Box::pin(async move {
-            let checked = crate::pipeline::check_on(&site, Some(&limiter), &key).await;
-            let (held, fields) = match admitted(checked, &options) {
-                Ok(held) => held,
-                Err(refusal) => return Ok(refused(refusal, grpc)),
-            };
-            let mut response = inner.call(Request::from_parts(parts, body)).await?;
-            let status = response.status().as_u16();
-            limit.finish(held, &site, &limiter, &key, status).await;
-            append(response.headers_mut(), fields);
-            Ok(response.map(Either::Left))
-        }))
     }
 }
 
@@ -250,36 +160,6 @@ pin_project_lite::pin_project! {
     pub struct ResponseFuture<F, B, E> {
         #[pin]
         stage: Responding<F, Response<B>, Response<LimitedBody<B>>, E, Waiting<B, E>>,
-    }
-}
-
-impl<F, B, E> ResponseFuture<F, B, E> {
-    fn inner(future: F, held: Option<Held>) -> Self {
-        let finish = |mut response: Response<B>, held: Option<Held>| {
-            if let Some((permit, fields)) = held {
-                drop(permit);
-                append(response.headers_mut(), fields);
-            }
-            response.map(Either::Left)
-        };
-        let stage = Responding::Inner {
-            future,
-            held,
-            finish,
-        };
-        ResponseFuture { stage }
-    }
-
-    fn ready(response: Response<LimitedBody<B>>) -> Self {
-        let stage = Responding::Ready {
-            answer: Some(Ok(response)),
-        };
-        ResponseFuture { stage }
-    }
-
-    fn waiting(future: Waiting<B, E>) -> Self {
-        let stage = Responding::Waiting { future };
-        ResponseFuture { stage }
     }
 }
 
@@ -300,14 +180,20 @@ where
     }
 }
 
-/// A request's head and the layer's peer reader, as the middleware flow
-/// reads them.
-struct TowerRequest<'a> {
-    parts: &'a Parts,
-    peer: Option<&'a PeerFn>,
+/// One request, the layer's settings and the inner service: borrowed from
+/// the service (`H` is `&mut S`, the service made ready) while it is
+/// decided, owned (`S`) by a response that waits for the store.
+struct TowerExchange<'a, S, H, B> {
+    service: H,
+    parts: Parts,
+    body: B,
+    limiter: Option<Cow<'a, RateLimiter>>,
+    options: Option<Cow<'a, Arc<HttpOptions>>>,
+    peer: Option<&'a PeerFn<Parts>>,
+    kind: PhantomData<S>,
 }
 
-impl LimitedRequest<KeyFn<Parts>> for TowerRequest<'_> {
+impl<S, H, B> LimitedRequest<KeyFn<Parts>> for TowerExchange<'_, S, H, B> {
     fn path(&self) -> &str {
         self.parts.uri.path()
     }
@@ -318,8 +204,8 @@ impl LimitedRequest<KeyFn<Parts>> for TowerRequest<'_> {
 
     fn client_ip(&self, options: &HttpOptions) -> Option<IpAddr> {
         let peer = match self.peer {
-            Some(peer) => peer(self.parts),
-            None => peer_of(self.parts),
+            Some(peer) => peer(&self.parts),
+            None => peer_of(&self.parts),
         };
         if peer.is_none() {
             crate::http::no_peer();
@@ -328,7 +214,79 @@ impl LimitedRequest<KeyFn<Parts>> for TowerRequest<'_> {
     }
 
     fn run(&self, closure: &KeyFn<Parts>) -> Option<String> {
-        closure(self.parts)
+        closure(&self.parts)
+    }
+}
+
+impl<S, H, ReqBody, ResBody> Exchange<KeyFn<Parts>> for TowerExchange<'_, S, H, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    H: BorrowMut<S>,
+    ReqBody: Send + 'static,
+    ResBody: Body<Data = bytes::Bytes> + Send,
+{
+    type Response = Response<ResBody>;
+    type Answer = Response<LimitedBody<ResBody>>;
+    type Error = S::Error;
+    type Inner = S::Future;
+    type Waiting = Waiting<ResBody, S::Error>;
+
+    fn limiter(&self) -> &RateLimiter {
+        match &self.limiter {
+            Some(limiter) => limiter,
+            None => self
+                .parts
+                .extensions
+                .get::<RateLimiter>()
+                .unwrap_or_else(|| RateLimiter::global()),
+        }
+    }
+
+    fn options(&self) -> &HttpOptions {
+        match &self.options {
+            Some(options) => options,
+            None => self
+                .parts
+                .extensions
+                .get::<HttpOptions>()
+                .unwrap_or_else(|| HttpOptions::default_ref()),
+        }
+    }
+
+    fn call(mut self) -> S::Future {
+        let request = Request::from_parts(self.parts, self.body);
+        self.service.borrow_mut().call(request)
+    }
+
+    fn refuse(self, refusal: Refusal) -> Self::Answer {
+        refused(refusal, is_grpc(&self.parts.headers))
+    }
+
+    /// The service that was made ready answers this request; a clone takes
+    /// its place.
+    fn wait(mut self, checks: Deferred<KeyFn<Parts>>) -> Self::Waiting {
+        let service = self.service.borrow_mut();
+        let clone = service.clone();
+        let owned = TowerExchange {
+            service: std::mem::replace(service, clone),
+            parts: self.parts,
+            body: self.body,
+            limiter: self.limiter.map(|limiter| Cow::Owned(limiter.into_owned())),
+            options: self.options.map(|options| Cow::Owned(options.into_owned())),
+            peer: None,
+            kind: PhantomData::<S>,
+        };
+        Box::pin(flow::deferred(owned, checks))
+    }
+
+    fn status(response: &Response<ResBody>) -> u16 {
+        response.status().as_u16()
+    }
+
+    fn finish(mut response: Response<ResBody>, fields: Vec<Field>) -> Self::Answer {
+        append(response.headers_mut(), fields);
+        response.map(Either::Left)
     }
 }
 

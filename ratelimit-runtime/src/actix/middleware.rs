@@ -1,7 +1,9 @@
 //! [`RateLimit`]: rate limiting for a whole actix-web app, scope or
 //! resource, with the same rules, limiter and pipeline as `#[rate_limit]`.
 
+use std::borrow::Borrow;
 use std::future::{Future, Ready, ready};
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -11,12 +13,16 @@ use actix_web::body::EitherBody;
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
 
 use super::{append, client_ip, limiter_for, options_for, response};
-use crate::http::flow::{Held, LimitedRequest, Prepared, Responding, admitted};
-use crate::http::limit::{KeyFn, Limit, Sites, Subject, limit_builder};
-use crate::http::{Headers, HttpOptions, Refusal, Tiers};
+use crate::http::flow::{self, Deferred, Exchange, LimitedRequest, Responding};
+use crate::http::limit::{KeyFn, Limit, Sites};
+use crate::http::{Field, Headers, HttpOptions, Middleware, Refusal};
+use crate::limiter::RateLimiter;
 
 /// Rate limiting for a whole app, scope or resource, with the same rules and
-/// limiter as `#[rate_limit]`.
+/// limiter as `#[rate_limit]`: a [`Middleware`] over actix-web's
+/// `ServiceRequest` (what its [`by_key`](Middleware::by_key) and tier
+/// pickers read). The limiter and [`HttpOptions`] are the app's data, as
+/// for `#[rate_limit]` handlers.
 ///
 /// ```
 /// use std::time::Duration;
@@ -24,51 +30,16 @@ use crate::http::{Headers, HttpOptions, Refusal, Tiers};
 /// use ratelimit_runtime::{RateLimit, Rule};
 ///
 /// const API: Rule = Rule::gcra(100, Duration::from_secs(60));
+/// const EVERYONE: Rule = Rule::fixed_window(10_000, Duration::from_secs(60));
 /// let app = App::new()
 ///     .wrap(RateLimit::new(API).name("api").by_ip().exempt_path("/health"))
 ///     .route("/health", web::get().to(|| async { "ok" }));
+/// // A set of rules: per client, and for all clients at once.
+/// let both = RateLimit::new(API).name("api").by_ip().and(EVERYONE).name("everyone");
 /// ```
-///
-/// A `RateLimit` is `Send` and `Sync`: build it once, before the server
-/// (so its name is known when overrides are loaded), and clone it into the
-/// app factory. Its decisions go through the same
-/// decision pipeline as the attribute's: overrides, shadow mode,
-/// the failure policy and metrics apply alike.
-#[derive(Clone)]
-pub struct RateLimit {
-    inner: Arc<Limit<KeyFn<ServiceRequest>>>,
-}
+pub type RateLimit = Middleware<ServiceRequest>;
 
-limit_builder!(RateLimit, ServiceRequest);
-
-impl RateLimit {
-    fn from_limit(inner: Arc<Limit<KeyFn<ServiceRequest>>>) -> Self {
-        RateLimit { inner }
-    }
-
-    /// A budget per key your closure computes; `None` lets the request through
-    /// unlimited.
-    pub fn by_key(
-        self,
-        key: impl Fn(&ServiceRequest) -> Option<String> + Send + Sync + 'static,
-    ) -> RateLimit {
-        self.with(|m| m.by = Subject::Key(Arc::new(key)))
-    }
-
-    /// Rules chosen per request: `pick` names a tier of `tiers` (a plan
-    /// from an API key, a header), whose rule then decides, under its own
-    /// name; `None`, or a name not in the table, leaves the middleware's own
-    /// rule. The subject (`by_ip`, `by_header`, `by_key`) is the same.
-    pub fn tiers(
-        self,
-        tiers: Tiers,
-        pick: impl Fn(&ServiceRequest) -> Option<String> + Send + Sync + 'static,
-    ) -> RateLimit {
-        self.with(|m| m.tiers = Some((tiers, Arc::new(pick))))
-    }
-}
-
-impl<S, B> Transform<S, ServiceRequest> for RateLimit
+impl<S, B> Transform<S, ServiceRequest> for Middleware<ServiceRequest>
 where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
     B: 'static,
@@ -84,13 +55,13 @@ where
     /// shared store without a key secret; a limiter from app data is
     /// checked by its requests (refused with 500).
     fn new_transform(&self, service: S) -> Self::Future {
-        if self.inner.check_secret(None, None).is_err() {
+        if self.limit.check_secret(None, None).is_err() {
             return ready(Err(()));
         }
         ready(Ok(RateLimitService {
             service: Rc::new(service),
-            sites: Arc::new(Sites::new(&self.inner)),
-            config: Arc::clone(&self.inner),
+            sites: Arc::new(Sites::new(&self.limit)),
+            config: Arc::clone(&self.limit),
         }))
     }
 }
@@ -119,51 +90,20 @@ where
 
     forward_ready!(service);
 
-    /// Decides before anything is awaited: the subject, the key and, in
-    /// process memory, the check itself, so the inner service is called at
-    /// once; a store that must be awaited is awaited in the future.
+    /// The middlewares' one request flow ([`flow::respond`]).
     fn call(&self, req: ServiceRequest) -> Self::Future {
-        let options = options_for(req.request());
-        let limiter = limiter_for(req.request());
-        let (site, key) = match self.config.prepare(&self.sites, limiter, options, &req) {
-            Prepared::Pass => return RateLimitFuture::inner(self.service.call(req), None),
-            Prepared::Refuse(refusal) => return RateLimitFuture::ready(refuse(req, refusal)),
-            Prepared::Check(site, key) => (site, key),
+        let exchange = ActixExchange {
+            service: &self.service,
+            req,
+            kind: PhantomData,
         };
-        if !self.config.settles()
-            && let Some(checked) = crate::pipeline::check_now(site, limiter, &key)
-        {
-            return match admitted(checked, options) {
-                Ok(held) => RateLimitFuture::inner(self.service.call(req), Some(held)),
-                Err(refusal) => RateLimitFuture::ready(refuse(req, refusal)),
-            };
+        RateLimitFuture {
+            stage: flow::respond(exchange, &self.config, &self.sites),
         }
-        // The store must be awaited (or a refund after the response).
-        let (site, key) = (Arc::clone(site), key.into_owned());
-        let limiter = limiter.clone();
-        let service = Rc::clone(&self.service);
-        let config = Arc::clone(&self.config);
-        RateLimitFuture::waiting(Box::pin(async move {
-            let checked = crate::pipeline::check_on(&site, Some(&limiter), &key).await;
-            let (held, fields) = match admitted(checked, options_for(req.request())) {
-                Ok(held) => held,
-                Err(refusal) => return Ok(refuse(req, refusal)),
-            };
-            let mut response = service.call(req).await?;
-            let status = response.status().as_u16();
-            config.finish(held, &site, &limiter, &key, status).await;
-            append(response.response_mut(), fields);
-            Ok(response.map_into_left_body())
-        }))
     }
 }
 
-/// A refused request's response.
-fn refuse<B>(req: ServiceRequest, refusal: Refusal) -> ServiceResponse<EitherBody<B>> {
-    req.into_response(response(refusal)).map_into_right_body()
-}
-
-/// The middleware's answer, once the store has been awaited.
+/// The middleware's answer.
 type Answer<B> = Result<ServiceResponse<EitherBody<B>>, actix_web::Error>;
 
 /// A check that waits for the store, and the response after it.
@@ -174,36 +114,6 @@ pin_project_lite::pin_project! {
     pub struct RateLimitFuture<F, B> {
         #[pin]
         stage: Responding<F, ServiceResponse<B>, ServiceResponse<EitherBody<B>>, actix_web::Error, Waiting<B>>,
-    }
-}
-
-impl<F, B> RateLimitFuture<F, B> {
-    fn inner(future: F, held: Option<Held>) -> Self {
-        let finish = |mut response: ServiceResponse<B>, held: Option<Held>| {
-            if let Some((permit, fields)) = held {
-                drop(permit);
-                append(response.response_mut(), fields);
-            }
-            response.map_into_left_body()
-        };
-        let stage = Responding::Inner {
-            future,
-            held,
-            finish,
-        };
-        RateLimitFuture { stage }
-    }
-
-    fn ready(response: ServiceResponse<EitherBody<B>>) -> Self {
-        let stage = Responding::Ready {
-            answer: Some(Ok(response)),
-        };
-        RateLimitFuture { stage }
-    }
-
-    fn waiting(future: Waiting<B>) -> Self {
-        let stage = Responding::Waiting { future };
-        RateLimitFuture { stage }
     }
 }
 
@@ -224,21 +134,78 @@ where
     }
 }
 
-/// An actix-web request, as the middleware flow reads it.
-impl LimitedRequest<KeyFn<ServiceRequest>> for ServiceRequest {
+/// One request and the inner service: borrowed from the middleware (`H`
+/// is `&Rc<S>`) while it is decided, owned (`Rc<S>`) by a response that
+/// waits for the store.
+struct ActixExchange<S, H> {
+    service: H,
+    req: ServiceRequest,
+    kind: PhantomData<S>,
+}
+
+impl<S, H> LimitedRequest<KeyFn<ServiceRequest>> for ActixExchange<S, H> {
     fn path(&self) -> &str {
-        ServiceRequest::path(self)
+        self.req.path()
     }
 
     fn headers(&self) -> &impl Headers {
-        ServiceRequest::headers(self)
+        self.req.headers()
     }
 
     fn client_ip(&self, options: &HttpOptions) -> Option<std::net::IpAddr> {
-        client_ip(options, self.request())
+        client_ip(options, self.req.request())
     }
 
     fn run(&self, closure: &KeyFn<ServiceRequest>) -> Option<String> {
-        closure(self)
+        closure(&self.req)
+    }
+}
+
+impl<S, H, B> Exchange<KeyFn<ServiceRequest>> for ActixExchange<S, H>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
+    H: Borrow<Rc<S>>,
+    B: 'static,
+{
+    type Response = ServiceResponse<B>;
+    type Answer = ServiceResponse<EitherBody<B>>;
+    type Error = actix_web::Error;
+    type Inner = S::Future;
+    type Waiting = Waiting<B>;
+
+    fn limiter(&self) -> &RateLimiter {
+        limiter_for(self.req.request())
+    }
+
+    fn options(&self) -> &HttpOptions {
+        options_for(self.req.request())
+    }
+
+    fn call(self) -> S::Future {
+        self.service.borrow().call(self.req)
+    }
+
+    fn refuse(self, refusal: Refusal) -> Self::Answer {
+        self.req
+            .into_response(response(refusal))
+            .map_into_right_body()
+    }
+
+    fn wait(self, checks: Deferred<KeyFn<ServiceRequest>>) -> Waiting<B> {
+        let owned = ActixExchange {
+            service: Rc::clone(self.service.borrow()),
+            req: self.req,
+            kind: PhantomData,
+        };
+        Box::pin(flow::deferred(owned, checks))
+    }
+
+    fn status(response: &ServiceResponse<B>) -> u16 {
+        response.status().as_u16()
+    }
+
+    fn finish(mut response: ServiceResponse<B>, fields: Vec<Field>) -> Self::Answer {
+        append(response.response_mut(), fields);
+        response.map_into_left_body()
     }
 }

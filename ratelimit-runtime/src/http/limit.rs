@@ -1,6 +1,7 @@
 //! What the HTTP middlewares share (actix-web's `RateLimit`, the tower
-//! `RateLimitLayer`): the rule, whose budget a request charges, the
-//! allow-lists, and the key a request is checked under.
+//! `RateLimitLayer`): the set of rules, whose budget a request charges under
+//! each, the allow-lists, the tiers, and the keys a request is checked
+//! under.
 
 use std::borrow::Cow;
 use std::net::IpAddr;
@@ -14,11 +15,12 @@ use crate::limiter::RateLimiter;
 use crate::rule::Rule;
 use crate::site::Site;
 
-/// A middleware's `by_key` closure over the framework's request `R`: the
-/// subject a request charges, `None` for a request it cannot name.
+/// A middleware's closure over the framework's request `R` (`by_key`, a
+/// tier picker): a request's subject or tier, `None` for none.
 pub(crate) type KeyFn<R> = Arc<dyn Fn(&R) -> Option<String> + Send + Sync>;
 
-/// Whose budget a middleware charges; `K` is the framework's key closure.
+/// Whose budget a rule of a middleware charges; `K` is the framework's key
+/// closure.
 pub(crate) enum Subject<K> {
     Global,
     Ip,
@@ -38,41 +40,57 @@ impl<K: Clone> Clone for Subject<K> {
     }
 }
 
-/// A middleware's configuration.
+/// A middleware's configuration: its set of rules (at least one; a request
+/// passes only if every rule allows it) and what applies to every request.
 #[derive(Clone)]
 pub(crate) struct Limit<K> {
+    pub(crate) rules: Vec<SetRule<K>>,
+    pub(crate) on_error: Option<OnError>,
+    exempt_paths: Vec<String>,
+    /// Which response statuses give the request's units back.
+    pub(crate) refund_if: Option<Arc<dyn Fn(u16) -> bool + Send + Sync>>,
+}
+
+/// One rule of a middleware's set: whose budget it charges, under which
+/// name, the subjects it lets through, and its tiers.
+#[derive(Clone)]
+pub(crate) struct SetRule<K> {
     pub(crate) rule: Rule,
     pub(crate) name: &'static str,
+    /// The keys' base: the prefix and the name.
     pub(crate) key: String,
     pub(crate) by: Subject<K>,
     pub(crate) cost: u64,
-    pub(crate) on_error: Option<OnError>,
-    exempt_paths: Vec<String>,
     exempt_keys: Vec<String>,
     /// The exempt keys that are addresses (for `by_ip`).
     exempt_ips: Vec<IpAddr>,
-    /// Which response statuses give the request's units back.
-    pub(crate) refund_if: Option<Arc<dyn Fn(u16) -> bool + Send + Sync>>,
     /// Rules chosen per request: the table, and what picks a tier's name.
     pub(crate) tiers: Option<(Tiers, K)>,
 }
 
 /// Rules chosen per request: named rules (a plan's, a tier's), one of which
-/// a closure picks for each request (see the middlewares' `tiers`). Each
-/// tier is a rule of its own to overrides, `reset_named` and the metrics,
-/// under its name; its budgets are keyed `limiter:<tier>` plus the subject.
+/// a closure picks for each request (see [`Middleware::tiers`](crate::http::Middleware::tiers)).
+/// A tier is a rule, or a set of rules all of which a request must pass
+/// ([`and`](Tiers::and)). Each rule of a tier is a rule of its own to
+/// overrides, `reset_named` and the metrics, under its name; its budgets
+/// are keyed `limiter:<name>` plus the subject.
 ///
 /// ```
 /// use std::time::Duration;
 /// use ratelimit_runtime::{Rule, http::Tiers};
 ///
+/// const SECOND: Duration = Duration::from_secs(1);
+/// const DAY: Duration = Duration::from_secs(86_400);
 /// let plans = Tiers::new()
-///     .tier("free", Rule::fixed_window(100, Duration::from_secs(3600)))
-///     .tier(String::from("pro"), Rule::fixed_window(10_000, Duration::from_secs(3600)));
+///     // The free plan: 10 a second and 1,000 a day.
+///     .tier("free", Rule::fixed_window(10, SECOND))
+///     .and("free_daily", Rule::fixed_window(1_000, DAY))
+///     .tier(String::from("pro"), Rule::fixed_window(100, SECOND));
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct Tiers {
-    tiers: Vec<(&'static str, Rule)>,
+    /// Each tier's rules, its own name first.
+    tiers: Vec<Vec<(&'static str, Rule)>>,
 }
 
 impl Tiers {
@@ -84,19 +102,54 @@ impl Tiers {
     /// Adds the tier `name` under `rule`. The name is kept for the life of
     /// the program (a table is made once, at start-up).
     pub fn tier(mut self, name: impl Into<String>, rule: Rule) -> Tiers {
-        let name: &'static str = Box::leak(name.into().into_boxed_str());
-        crate::registry::register(name, rule, 1);
-        self.tiers.push((name, rule));
+        self.tiers.push(vec![named(name, rule)]);
         self
     }
 
-    /// Each tier's site, with the middleware's cost and failure policy.
-    pub(crate) fn sites(&self, cost: u64, on_error: Option<OnError>) -> Vec<Site> {
+    /// Adds `rule`, under the name `name`, to the last tier added: a
+    /// request of that tier passes only if each of its rules allows it,
+    /// and is charged by each.
+    ///
+    /// # Panics
+    ///
+    /// Before any [`tier`](Tiers::tier), or if `name` is one of the
+    /// table's already (a programming error, caught at start-up).
+    pub fn and(mut self, name: impl Into<String>, rule: Rule) -> Tiers {
+        let name = name.into();
+        assert!(
+            !self.tiers.iter().flatten().any(|(known, _)| *known == name),
+            "the rule name `{name}` is in the tiers' table already: each rule needs a name of its own"
+        );
+        let rule = named(name, rule);
+        self.tiers
+            .last_mut()
+            .expect("`Tiers::and` adds a rule to the last tier: call `tier` first")
+            .push(rule);
+        self
+    }
+
+    /// Each tier's name and the sites of its rules, with `cost` and the
+    /// failure policy.
+    fn sites(&self, cost: u64, on_error: Option<OnError>) -> Vec<(&'static str, Vec<Arc<Site>>)> {
         self.tiers
             .iter()
-            .map(|&(name, rule)| site(name, rule, cost, on_error))
+            .map(|rules| {
+                let sites = rules
+                    .iter()
+                    .map(|&(name, rule)| Arc::new(site(name, rule, cost, on_error)))
+                    .collect();
+                (rules[0].0, sites)
+            })
             .collect()
     }
+}
+
+/// A tier's rule under `name`, known to overrides: the name is kept for
+/// the life of the program.
+fn named(name: impl Into<String>, rule: Rule) -> (&'static str, Rule) {
+    let name: &'static str = Box::leak(name.into().into_boxed_str());
+    crate::registry::register(name, rule, 1);
+    (name, rule)
 }
 
 /// The site of a middleware's rule (or a tier's).
@@ -108,59 +161,81 @@ fn site(name: &'static str, rule: Rule, cost: u64, on_error: Option<OnError>) ->
     }
 }
 
-/// The sites a middleware decides through: its own rule's, and each tier's.
+/// The sites a middleware decides through: each rule's, and each of its
+/// tiers'.
 pub(crate) struct Sites {
+    pub(crate) rules: Vec<RuleSites>,
+}
+
+/// The sites of one rule of a middleware: its own, and its tiers'.
+pub(crate) struct RuleSites {
     pub(crate) own: Arc<Site>,
-    tiers: Vec<Arc<Site>>,
+    tiers: Vec<(&'static str, Vec<Arc<Site>>)>,
+}
+
+/// The sites a rule of a request is checked under.
+pub(crate) enum Chosen<'a> {
+    /// One site, under this key.
+    One(&'a Arc<Site>, Cow<'a, str>),
+    /// A tier's set, each under its own name with this subject.
+    Tier(&'a [Arc<Site>], Cow<'a, str>),
 }
 
 impl Sites {
     pub(crate) fn new<K>(limit: &Limit<K>) -> Sites {
-        let tiers = limit
-            .tiers
-            .as_ref()
-            .map(|(tiers, _)| tiers.sites(limit.cost, limit.on_error))
-            .unwrap_or_default();
-        Sites {
-            own: Arc::new(limit.site()),
-            tiers: tiers.into_iter().map(Arc::new).collect(),
-        }
+        let rules = limit
+            .rules
+            .iter()
+            .map(|rule| RuleSites {
+                own: Arc::new(site(rule.name, rule.rule, rule.cost, limit.on_error)),
+                tiers: rule
+                    .tiers
+                    .as_ref()
+                    .map(|(tiers, _)| tiers.sites(rule.cost, limit.on_error))
+                    .unwrap_or_default(),
+            })
+            .collect();
+        Sites { rules }
     }
+}
 
-    /// The site and key a request with `key` (its own rule's) is checked
-    /// under: its tier's, when the picker names one in the table.
+impl RuleSites {
+    /// The sites a request with `key` (its own rule's) is checked under:
+    /// its tier's, when the picker names one in the table.
     pub(crate) fn choose<'a, K>(
         &'a self,
-        limit: &Limit<K>,
+        rule: &SetRule<K>,
         key: Cow<'a, str>,
         pick: impl FnOnce(&K) -> Option<String>,
-    ) -> (&'a Arc<Site>, Cow<'a, str>) {
-        let Some((_, picker)) = &limit.tiers else {
-            return (&self.own, key);
+    ) -> Chosen<'a> {
+        let Some((_, picker)) = &rule.tiers else {
+            return Chosen::One(&self.own, key);
         };
         let Some(tier) = pick(picker) else {
-            return (&self.own, key);
+            return Chosen::One(&self.own, key);
         };
-        match self.tiers.iter().find(|site| site.name == tier) {
-            Some(site) => {
-                let subject = keys::subject_of(&key, &limit.key);
-                let key = keys::key(site.prefix, site.name, subject);
-                (site, Cow::Owned(key))
+        match self.tiers.iter().find(|(name, _)| *name == tier) {
+            Some((_, sites)) => {
+                let subject = match key {
+                    Cow::Borrowed(key) => Cow::Borrowed(keys::subject_of(key, &rule.key)),
+                    Cow::Owned(key) => Cow::Owned(keys::subject_of(&key, &rule.key).to_owned()),
+                };
+                Chosen::Tier(sites, subject)
             }
             None => {
                 tracing::debug!(tier, "no such tier; the middleware's own rule applies");
-                (&self.own, key)
+                Chosen::One(&self.own, key)
             }
         }
     }
 }
 
-/// What a middleware does with a request.
+/// What a rule of a middleware does with a request.
 pub(crate) enum Verdict<'a> {
-    /// Let it through unlimited (an exempt path or subject, or no key).
+    /// It does not apply (an exempt subject, or no key).
     Pass,
-    /// Check it under this key (a global budget's is the middleware's own:
-    /// no copy of it).
+    /// Check it under this key (a global budget's is the rule's own: no
+    /// copy of it).
     Check(Cow<'a, str>),
     /// Refuse it: its client is unknown, or its key needs a key secret the
     /// limiter lacks.
@@ -171,24 +246,16 @@ impl<K> Limit<K> {
     /// One budget for all requests under `rule`, named `http` (key
     /// `limiter:http`), known to overrides under that name.
     pub(crate) fn new(rule: Rule) -> Limit<K> {
-        crate::registry::register("http", rule, 1);
         Limit {
-            rule,
-            name: "http",
-            key: keys::key(keys::DEFAULT_PREFIX, "http", ""),
-            by: Subject::Global,
-            cost: 1,
+            rules: vec![SetRule::new(rule, "http")],
             on_error: None,
             exempt_paths: Vec::new(),
-            exempt_keys: Vec::new(),
-            exempt_ips: Vec::new(),
             refund_if: None,
-            tiers: None,
         }
     }
 
-    /// Gives back what a request under `key` took (`charge`) when its
-    /// response's `status` says so (a concurrency rule's lease is given
+    /// Gives back what a request under `key` took (`charge`) at `site` when
+    /// its response's `status` says so (a concurrency rule's lease is given
     /// back anyway).
     pub(crate) async fn settle(
         &self,
@@ -204,19 +271,14 @@ impl<K> Limit<K> {
         if !refund_if(status) {
             return;
         }
-        let rule = crate::registry::in_force(site.name, &self.rule);
+        let rule = crate::registry::in_force(site.name, &site.rule);
         if let Err(error) = limiter.refund(&rule, key, charge).await {
             tracing::debug!(%error, key, "could not give back a request's units");
         }
     }
 
-    /// The site its decisions go through.
-    pub(crate) fn site(&self) -> Site {
-        site(self.name, self.rule, self.cost, self.on_error)
-    }
-
     /// Whether `path` is an exempt path or below one (whole segments).
-    fn exempt_path(&self, path: &str) -> bool {
+    pub(crate) fn exempt_path(&self, path: &str) -> bool {
         self.exempt_paths.iter().any(|prefix| {
             path.strip_prefix(prefix.as_str()).is_some_and(|rest| {
                 rest.is_empty() || rest.starts_with('/') || prefix.ends_with('/')
@@ -224,33 +286,105 @@ impl<K> Limit<K> {
         })
     }
 
+    /// When a middleware is set up: `Err` (and the error logged) if its keys
+    /// need a key secret that `limiter` (else the installed global one)
+    /// lacks, with `options` if known (else only `by_header` tells). Its
+    /// requests would be refused; better said at start-up.
+    pub(crate) fn check_secret(
+        &self,
+        limiter: Option<&RateLimiter>,
+        options: Option<&HttpOptions>,
+    ) -> Result<(), Error> {
+        let Some(limiter) = limiter.or(RateLimiter::installed()) else {
+            return Ok(());
+        };
+        if !limiter.lacks_key_secret() {
+            return Ok(());
+        }
+        for rule in &self.rules {
+            let needs = match &rule.by {
+                Subject::Header(_) => true,
+                Subject::Ip => options.is_some_and(|options| options.digest_ips),
+                Subject::Global | Subject::Key(_) => false,
+            };
+            if needs {
+                let error = Error::Config(format!(
+                    "the rate limit `{}`: {}",
+                    rule.name,
+                    crate::secret::MISSING
+                ));
+                crate::secret::log_missing(&error, rule.name);
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    /// The rule the builder's rule-level methods change: the last added.
+    pub(crate) fn last(&mut self) -> &mut SetRule<K> {
+        self.rules.last_mut().expect("a middleware has a rule")
+    }
+
+    /// Adds `rule` to the set, named `http` (or `http_2`, `http_3`, ...:
+    /// the first name the set has not taken) until it is named.
+    pub(crate) fn and(&mut self, rule: Rule) {
+        let name = if self.named("http") {
+            let free = (2..)
+                .map(|n| format!("http_{n}"))
+                .find(|name| !self.named(name))
+                .expect("a free name");
+            Box::leak(free.into_boxed_str())
+        } else {
+            "http"
+        };
+        self.rules.push(SetRule::new(rule, name));
+    }
+
+    /// Whether a rule of the set is named `name`.
+    pub(crate) fn named(&self, name: &str) -> bool {
+        self.rules.iter().any(|rule| rule.name == name)
+    }
+
+    pub(crate) fn exempt_path_prefix(&mut self, prefix: String) {
+        self.exempt_paths.push(prefix);
+    }
+}
+
+impl<K> SetRule<K> {
+    /// A global budget under `rule`, named `name`, known to overrides.
+    fn new(rule: Rule, name: &'static str) -> SetRule<K> {
+        crate::registry::register(name, rule, 1);
+        SetRule {
+            rule,
+            name,
+            key: keys::key(keys::DEFAULT_PREFIX, name, ""),
+            by: Subject::Global,
+            cost: 1,
+            exempt_keys: Vec::new(),
+            exempt_ips: Vec::new(),
+            tiers: None,
+        }
+    }
+
     fn exempt_key(&self, subject: &[u8]) -> bool {
         self.exempt_keys.iter().any(|k| k.as_bytes() == subject)
     }
 
-    /// What to do with a request for `path` from `client` (as the options
+    /// What this rule does with a request from `client` (as the options
     /// tell it) with `headers`; `key` runs the framework's key closure,
     /// `limiter` (the one the request is checked by) gives the key secret. Each
     /// kind of subject is compared with the allow-list as the request has it
     /// (not as rendered into the key, where long values are digested and
     /// IPv6 masked).
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "what a request is made of, each read only when needed"
-    )]
     pub(crate) fn verdict(
         &self,
         site: &Site,
-        path: &str,
         options: &HttpOptions,
         limiter: &RateLimiter,
         client: impl FnOnce() -> Option<IpAddr>,
         headers: &impl Headers,
         key: impl FnOnce(&K) -> Option<String>,
     ) -> Verdict<'_> {
-        if self.exempt_path(path) {
-            return Verdict::Pass;
-        }
         let subject = match &self.by {
             Subject::Global => return Verdict::Check(Cow::Borrowed(&self.key)),
             Subject::Ip => {
@@ -297,35 +431,6 @@ impl<K> Limit<K> {
         Verdict::Check(Cow::Owned([self.key.as_str(), &subject].concat()))
     }
 
-    /// When a middleware is set up: `Err` (and the error logged) if its keys
-    /// need a key secret that `limiter` (else the installed global one)
-    /// lacks, with `options` if known (else only `by_header` tells). Its
-    /// requests would be refused; better said at start-up.
-    pub(crate) fn check_secret(
-        &self,
-        limiter: Option<&RateLimiter>,
-        options: Option<&HttpOptions>,
-    ) -> Result<(), Error> {
-        let needs = match &self.by {
-            Subject::Header(_) => true,
-            Subject::Ip => options.is_some_and(|options| options.digest_ips),
-            Subject::Global | Subject::Key(_) => false,
-        };
-        let Some(limiter) = limiter.or(RateLimiter::installed()) else {
-            return Ok(());
-        };
-        if !needs || !limiter.lacks_key_secret() {
-            return Ok(());
-        }
-        let error = Error::Config(format!(
-            "the rate limit `{}`: {}",
-            self.name,
-            crate::secret::MISSING
-        ));
-        crate::secret::log_missing(&error, self.name);
-        Err(error)
-    }
-
     /// Names the rule `name`: the key is `limiter:<name>` plus the subject.
     pub(crate) fn name(&mut self, name: &'static str) {
         self.name = name;
@@ -356,10 +461,6 @@ impl<K> Limit<K> {
         );
     }
 
-    pub(crate) fn exempt_path_prefix(&mut self, prefix: String) {
-        self.exempt_paths.push(prefix);
-    }
-
     pub(crate) fn exempt_subject(&mut self, subject: String) {
         if let Ok(ip) = subject.parse::<IpAddr>() {
             self.exempt_ips.push(canonical(ip));
@@ -368,132 +469,14 @@ impl<K> Limit<K> {
     }
 }
 
-/// Makes `limit`'s rule known to overrides under `name` with `cost`. This
-/// value's registration so far is undone when nothing else holds it (a
-/// builder renamed; not a clone's source, which keeps its own).
+/// Makes the last rule of `limit` known to overrides under `name` with
+/// `cost`. This value's registration so far is undone when nothing else
+/// holds it (a builder renamed; not a clone's source, which keeps its own).
 pub(crate) fn register_as<K: Clone>(limit: &mut Arc<Limit<K>>, name: &str, cost: u64) {
-    let rule = limit.rule;
+    let last = limit.rules.last().expect("a middleware has a rule");
+    let (old, rule) = (last.name, last.rule);
     if Arc::get_mut(limit).is_some() {
-        crate::registry::unregister(limit.name, rule);
+        crate::registry::unregister(old, rule);
     }
     crate::registry::register(name, rule, cost);
 }
-
-/// The builder methods both middlewares share, on a type with a field
-/// `inner: Arc<Limit<KeyFn<R>>>` for the framework's request `R` (the
-/// framework's `by_key` is its own).
-macro_rules! limit_builder {
-    ($ty:ident, $request:ty) => {
-        impl $ty {
-            /// One budget for all requests under `rule`, named `http` (its
-            /// key `limiter:http`; name it with [`name`](Self::name)).
-            pub fn new(rule: $crate::rule::Rule) -> $ty {
-                $ty::from_limit(::std::sync::Arc::new($crate::http::limit::Limit::new(rule)))
-            }
-
-            fn with(
-                mut self,
-                change: impl FnOnce(
-                    &mut $crate::http::limit::Limit<$crate::http::limit::KeyFn<$request>>,
-                ),
-            ) -> $ty {
-                change(::std::sync::Arc::make_mut(&mut self.inner));
-                self
-            }
-
-            /// The rule's name: its budgets' keys are `limiter:<name>` plus
-            /// the subject, the rate-limit headers and metrics name it so,
-            /// and overrides and [`reset_named`](crate::RateLimiter::reset_named)
-            /// address it by it.
-            pub fn name(mut self, name: &'static str) -> $ty {
-                let cost = self.inner.cost;
-                $crate::http::limit::register_as(&mut self.inner, name, cost);
-                self.with(|m| m.name(name))
-            }
-
-            /// The rule's name: [`name`](Self::name).
-            #[deprecated(
-                since = "0.1.1",
-                note = "renamed `name`: a rule's identity is its name"
-            )]
-            pub fn key(self, name: &'static str) -> $ty {
-                self.name(name)
-            }
-
-            /// A budget per client address (see
-            /// [`HttpOptions`](crate::HttpOptions) for proxies and IPv6).
-            pub fn by_ip(self) -> $ty {
-                self.with(|m| m.by = $crate::http::limit::Subject::Ip)
-            }
-
-            /// A budget per value of a request header (requests without it
-            /// share one).
-            ///
-            /// # Panics
-            ///
-            /// If `name` is not a valid header name (a programming error,
-            /// caught at start-up).
-            pub fn by_header(self, name: &str) -> $ty {
-                self.with(|m| m.by_header(name))
-            }
-
-            /// Units one request takes (default 1).
-            ///
-            /// # Panics
-            ///
-            /// If `cost` is 0 or over what the rule holds (its `count`, or
-            /// `burst` for `token_bucket` and `gcra`): no request could pass
-            /// (a programming error, caught at start-up).
-            pub fn cost(mut self, cost: u64) -> $ty {
-                self.inner.check_cost(cost);
-                let name = self.inner.name;
-                $crate::http::limit::register_as(&mut self.inner, name, cost);
-                self.with(|m| m.cost = cost)
-            }
-
-            /// What to do when the backend fails (default: the limiter's
-            /// setting).
-            pub fn on_error(self, on_error: $crate::error::OnError) -> $ty {
-                self.with(|m| m.on_error = Some(on_error))
-            }
-
-            /// Give a request's units back when its response's status
-            /// makes `refund_if` say so: `.refund_if(|status| status >= 500)`
-            /// counts no request that failed on the server's side.
-            pub fn refund_if(self, refund_if: impl Fn(u16) -> bool + Send + Sync + 'static) -> $ty {
-                self.with(|m| m.refund_if = Some(::std::sync::Arc::new(refund_if)))
-            }
-
-            /// Requests for the path `prefix` or below it are not limited,
-            /// by whole segments: `"/health"` exempts `/health` and
-            /// `/health/db`, not `/healthz` or `/health-admin`. A prefix
-            /// ending in `/` exempts what starts with it.
-            pub fn exempt_path(self, prefix: impl Into<String>) -> $ty {
-                let prefix = prefix.into();
-                self.with(|m| m.exempt_path_prefix(prefix))
-            }
-
-            /// Requests whose subject is `subject` are not limited: an
-            /// allow-list. The subject is the client's address for
-            /// [`by_ip`](Self::by_ip) (`"10.0.0.1"`, `"2001:db8::1"`: the
-            /// address, not the IPv6 prefix its budget is kept under), the
-            /// header's value for [`by_header`](Self::by_header), the
-            /// closure's key for [`by_key`](Self::by_key), each as the
-            /// request has it, however long.
-            pub fn exempt_key(self, subject: impl Into<String>) -> $ty {
-                let subject = subject.into();
-                self.with(|m| m.exempt_subject(subject))
-            }
-        }
-
-        impl ::std::fmt::Debug for $ty {
-            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
-                f.debug_struct(stringify!($ty))
-                    .field("rule", &self.inner.rule)
-                    .field("name", &self.inner.name)
-                    .finish_non_exhaustive()
-            }
-        }
-    };
-}
-pub(crate) use limit_builder;

@@ -22,6 +22,10 @@ mod headers;
 pub(crate) mod limit;
 #[cfg(any(feature = "actix", feature = "tower"))]
 pub use limit::Tiers;
+#[cfg(any(feature = "actix", feature = "tower"))]
+pub(crate) mod middleware;
+#[cfg(any(feature = "actix", feature = "tower"))]
+pub use middleware::Middleware;
 
 use std::fmt::Write as _;
 use std::net::IpAddr;

@@ -44,8 +44,6 @@ pub struct RateLimiterBuilder {
     per_check_calls: bool,
     #[cfg(feature = "redis")]
     no_functions: bool,
-    #[cfg(feature = "tls")]
-    tls_root: Option<Vec<u8>>,
 }
 
 /// What a builder prints: no password of a URL, no key secret, no
@@ -100,7 +98,8 @@ impl RateLimiterBuilder {
     /// "redis://b:7001"]`: every check runs on the one slot of its key),
     /// [`RedisTarget::sentinel`]`(master, sentinels)`, or a `redis::Client`,
     /// `ConnectionManager` or `ClusterClient` of your own; see
-    /// [`RedisTarget`].
+    /// [`RedisTarget`]. A private certificate authority for `rediss://`:
+    /// `.redis(RedisTarget::from(url).tls_root_certificate(pem))`.
     #[cfg(feature = "redis")]
     pub fn redis(mut self, target: impl Into<RedisTarget>) -> Self {
         self.backend = BackendChoice::Redis(target.into());
@@ -113,16 +112,6 @@ impl RateLimiterBuilder {
     /// [`OnError::Deny`] refuses them. A rule's `on_error` overrides it.
     pub fn on_backend_error(mut self, on_error: OnError) -> Self {
         self.on_error = on_error;
-        self
-    }
-
-    /// Trust the certificate authority `pem` (PEM) for the `rediss://` URLs
-    /// given to [`redis`](Self::redis) (one server's, or a cluster's nodes'),
-    /// instead of the system's roots (feature `tls`): as
-    /// [`RedisTarget::tls_root_certificate`].
-    #[cfg(feature = "tls")]
-    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_root = Some(pem.into());
         self
     }
 
@@ -366,11 +355,6 @@ impl RateLimiterBuilder {
             BackendChoice::Memory => Arc::new(self.memory(clock)),
             #[cfg(feature = "redis")]
             BackendChoice::Redis(target) => {
-                #[cfg(feature = "tls")]
-                let target = match self.tls_root.take() {
-                    Some(root) => target.tls_root_certificate(root),
-                    None => target,
-                };
                 let redis = RedisBackend::connect(target, self.connect_options()).await?;
                 self.redis_store(redis, clock)
             }
