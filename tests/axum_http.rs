@@ -17,7 +17,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use common::{params, sf_list};
+use common::{params, serve_axum as serve, sf_list};
 use ratelimit_runtime::{
     HttpOptions, RateLimitLayer, RateLimited, RateLimiter, Rule, UnknownClient, rate_limit,
 };
@@ -69,23 +69,6 @@ fn router() -> Router {
         .route("/demote", post(demote))
         .route("/api", get(api))
         .route("/user/{name}", get(user))
-}
-
-/// Serves `app` on a loopback port, with the peer address (`ConnectInfo`).
-async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .await
-        .expect("a loopback port");
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
 }
 
 /// [`router`] with `limiter` and `options` as extensions.

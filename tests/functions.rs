@@ -5,6 +5,8 @@
 //! fails, each is counted once, and calls go by `FCALL` again once the
 //! library can be used.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -173,26 +175,10 @@ async fn a_cluster_master_that_lost_its_library_fails_no_batch() {
         .unwrap()
         .batch_every_check();
     let rule = Rule::fixed_window(1_000_000, Duration::from_secs(60));
-    let keys: Arc<Vec<String>> = Arc::new((0..30).map(|i| format!("limiter:fn:{i}")).collect());
-    let flushed = cluster.master_for(&keys[0]);
-    let stop = Arc::new(AtomicBool::new(false));
-    let tasks: Vec<_> = (0..32)
-        .map(|task| {
-            let (redis, keys, stop) = (redis.clone(), keys.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut allowed = vec![0u64; keys.len()];
-                let mut round = task;
-                while !stop.load(Ordering::Relaxed) {
-                    round += 7;
-                    let i = round % keys.len();
-                    let decision = redis.check(&rule, &keys[i], 1).await;
-                    assert!(decision.expect("every check answered").allowed);
-                    allowed[i] += 1;
-                }
-                allowed
-            })
-        })
-        .collect();
+    let keys: Arc<Vec<(String, Rule)>> =
+        Arc::new((0..30).map(|i| (format!("limiter:fn:{i}"), rule)).collect());
+    let flushed = cluster.master_for(&keys[0].0);
+    let load = common::load(32, 7, keys.clone(), |_| redis.clone());
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let _: () = redis::cmd("FUNCTION")
@@ -201,14 +187,8 @@ async fn a_cluster_master_that_lost_its_library_fails_no_batch() {
             .unwrap();
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut allowed = vec![0u64; keys.len()];
-    for task in tasks {
-        for (total, n) in allowed.iter_mut().zip(task.await.unwrap()) {
-            *total += n;
-        }
-    }
-    for (key, allowed) in keys.iter().zip(allowed) {
+    let allowed = load.stop().await;
+    for ((key, _), allowed) in keys.iter().zip(allowed) {
         let master = cluster.master_for(key);
         assert_eq!(
             counted(&mut cluster.connection(master), key),
@@ -224,7 +204,7 @@ async fn a_cluster_master_that_lost_its_library_fails_no_batch() {
                 .arg("LIST")
                 .query(&mut cluster.connection(flushed))
                 .unwrap();
-            let probe = redis.check(&rule, &keys[0], 1);
+            let probe = redis.check(&rule, &keys[0].0, 1);
             async move {
                 probe.await.unwrap();
                 if listed.is_empty() {
@@ -324,39 +304,21 @@ async fn fcall_revoked_on_a_cluster_fails_no_batch() {
         .unwrap();
     let batched = alone.clone().batch_every_check();
     let rule = Rule::fixed_window(1_000_000, Duration::from_secs(60));
-    let keys: Arc<Vec<String>> = Arc::new((0..30).map(|i| format!("limiter:acl:{i}")).collect());
-    let stop = Arc::new(AtomicBool::new(false));
-    let tasks: Vec<_> = (0..16)
-        .map(|task| {
-            let redis = if task % 2 == 0 { &alone } else { &batched }.clone();
-            let (keys, stop) = (keys.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut allowed = vec![0u64; keys.len()];
-                let mut round = task;
-                while !stop.load(Ordering::Relaxed) {
-                    round += 7;
-                    let i = round % keys.len();
-                    let decision = redis.check(&rule, &keys[i], 1).await;
-                    assert!(decision.expect("every check answered").allowed);
-                    allowed[i] += 1;
-                }
-                allowed
-            })
-        })
-        .collect();
+    let keys: Arc<Vec<(String, Rule)>> = Arc::new(
+        (0..30)
+            .map(|i| (format!("limiter:acl:{i}"), rule))
+            .collect(),
+    );
+    let load = common::load(16, 7, keys.clone(), |task| {
+        if task % 2 == 0 { &alone } else { &batched }.clone()
+    });
     tokio::time::sleep(Duration::from_millis(300)).await;
     acl_everywhere(&cluster, "-fcall");
     tokio::time::sleep(Duration::from_millis(1000)).await;
     acl_everywhere(&cluster, "+fcall");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut allowed = vec![0u64; keys.len()];
-    for task in tasks {
-        for (total, n) in allowed.iter_mut().zip(task.await.unwrap()) {
-            *total += n;
-        }
-    }
-    for (key, allowed) in keys.iter().zip(allowed) {
+    let allowed = load.stop().await;
+    for ((key, _), allowed) in keys.iter().zip(allowed) {
         let master = cluster.master_for(key);
         assert_eq!(
             counted(&mut cluster.connection(master), key),
@@ -367,7 +329,7 @@ async fn fcall_revoked_on_a_cluster_fails_no_batch() {
     let cluster = &cluster;
     first_ok("still by EVALSHA", Duration::from_millis(50), || {
         let before = cluster_fcalls(cluster);
-        let check = batched.check(&rule, &keys[0], 1);
+        let check = batched.check(&rule, &keys[0].0, 1);
         async move {
             check.await.unwrap();
             if cluster_fcalls(cluster) > before {
@@ -386,7 +348,7 @@ async fn fcall_revoked_on_a_cluster_fails_no_batch() {
         || {
             let before = cluster_fcalls(cluster);
             let mut checks = tokio::task::JoinSet::new();
-            for key in keys.iter() {
+            for (key, _) in keys.iter() {
                 let (batched, key) = (batched.clone(), key.clone());
                 checks.spawn(async move { batched.check(&rule, &key, 1).await });
             }

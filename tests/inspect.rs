@@ -2,6 +2,8 @@
 //! process counted in a real redis-server (the harness starts it), and in
 //! memory, where it makes its own requests first.
 
+mod common;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -89,19 +91,7 @@ async fn serve(limiter: RateLimiter) -> SocketAddr {
         .route("/limitTest3", get(limit_test3))
         .route("/api", get(api))
         .layer(axum::Extension(limiter));
-    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .await
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
+    common::serve_axum(app).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

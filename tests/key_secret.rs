@@ -9,8 +9,10 @@
 //! No `by = header(..)` attribute here: with one, `build` itself refuses a
 //! Redis limiter without a key secret (tests/axum_http.rs).
 
+mod common;
+
+use common::Logs;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix_web::{App, HttpServer, Responder, get, web};
@@ -183,21 +185,6 @@ async fn digested_client_addresses_need_the_key_secret_of_a_shared_store() {
     assert!(!keys[0].0.contains("127.0.0.1"), "{keys:?}");
 }
 
-/// Log lines, kept.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn a_tower_layer_without_the_key_secret_it_needs_says_so_and_refuses() {
     let redis = RedisServer::start();
@@ -206,16 +193,13 @@ async fn a_tower_layer_without_the_key_secret_it_needs_says_so_and_refuses() {
         .by_header("x-api-key")
         .limiter(redis_limiter(&redis).await);
     let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .finish();
+    let subscriber = logs.subscriber(tracing_subscriber::filter::LevelFilter::INFO);
     let app = tracing::subscriber::with_default(subscriber, || {
         axum::Router::new()
             .route("/api", axum::routing::get(|| async { "ok" }))
             .layer(layer)
     });
-    let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logged = logs.text();
     assert!(
         logged.contains("ERROR") && logged.contains("tower_key") && logged.contains("key_secret"),
         "{logged}"

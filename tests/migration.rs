@@ -4,8 +4,9 @@
 //! then the slot given to the target. Nothing is lost: every check is
 //! answered, each counted once, where its key is.
 
+mod common;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ratelimit_runtime::__testing::RedisTestHooks;
@@ -103,27 +104,9 @@ async fn a_slot_moved_under_load_loses_nothing() {
     );
     let from = cluster.master_for(&keys[0].0);
     let to = another(&cluster, from);
-    let stop = Arc::new(AtomicBool::new(false));
-    let tasks: Vec<_> = (0..16)
-        .map(|task| {
-            let redis = if task % 2 == 0 { &alone } else { &batched }.clone();
-            let (keys, stop) = (keys.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut allowed = vec![0u64; keys.len()];
-                let mut round = task;
-                while !stop.load(Ordering::Relaxed) {
-                    round += 5;
-                    let i = round % keys.len();
-                    let (key, rule) = &keys[i];
-                    let decision = redis.check(rule, key, 1).await;
-                    let decision = decision.unwrap_or_else(|e| panic!("{key}: {e}"));
-                    assert!(decision.allowed);
-                    allowed[i] += 1;
-                }
-                allowed
-            })
-        })
-        .collect();
+    let load = common::load(16, 5, keys.clone(), |task| {
+        if task % 2 == 0 { &alone } else { &batched }.clone()
+    });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let migration = cluster.begin_migration(&keys[0].0, to);
     while cluster.migrate_keys(&migration, 2) > 0 {
@@ -131,13 +114,7 @@ async fn a_slot_moved_under_load_loses_nothing() {
     }
     cluster.finish_migration(&migration);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut allowed = vec![0u64; keys.len()];
-    for task in tasks {
-        for (total, n) in allowed.iter_mut().zip(task.await.unwrap()) {
-            *total += n;
-        }
-    }
+    let allowed = load.stop().await;
     assert_eq!(cluster.master_for(&keys[0].0), to, "the slot moved");
     for ((key, rule), allowed) in keys.iter().zip(allowed) {
         let next = alone.peek(rule, key).await.unwrap();

@@ -3,27 +3,14 @@
 //! is said again, and every call it could not track is counted in
 //! `ratelimit_memory_overflow_total`.
 
-use std::sync::{Arc, Mutex};
+mod common;
+
+use common::Logs;
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use ratelimit_runtime::backend::memory::MemoryBackend;
 use ratelimit_runtime::{ManualClock, Rule};
-
-/// Log lines, kept.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 #[test]
 fn a_full_store_warns_now_and_then_and_counts_every_overflow() {
@@ -32,10 +19,7 @@ fn a_full_store_warns_now_and_then_and_counts_every_overflow() {
     let store = MemoryBackend::with_clock(clock.clone()).with_max_keys(128);
     let rule = Rule::fixed_window(3, Duration::from_secs(3_600));
     let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .finish();
+    let subscriber = logs.subscriber(tracing_subscriber::filter::LevelFilter::INFO);
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let flood = |name: &str| {
@@ -73,7 +57,7 @@ fn a_full_store_warns_now_and_then_and_counts_every_overflow() {
             "{overflowed} calls counted"
         );
     }
-    let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logged = logs.text();
     let lines: Vec<&str> = logged
         .lines()
         .filter(|line| line.contains("in-memory rate limiter is full"))

@@ -5,8 +5,10 @@
 //! the attribute adds) is called with an API key while every log line is
 //! kept.
 
-use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex};
+mod common;
+
+use common::Logs;
+use std::net::Ipv4Addr;
 
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -85,11 +87,10 @@ async fn builders_and_their_errors_show_no_password() {
     .await;
     fails_clean(
         "a TLS URL with a bad certificate",
-        redis()
-            .redis(
-                RedisTarget::from(format!("rediss://:{PASSWORD}@127.0.0.1:{closed}/"))
-                    .tls_root_certificate(b"not a certificate".to_vec()),
-            ),
+        redis().redis(
+            RedisTarget::from(format!("rediss://:{PASSWORD}@127.0.0.1:{closed}/"))
+                .tls_root_certificate(b"not a certificate".to_vec()),
+        ),
     )
     .await;
     let client =
@@ -121,21 +122,6 @@ async fn builders_and_their_errors_show_no_password() {
     assert_clean("the tower layer", &format!("{layer:?}"));
 }
 
-/// Every log line, kept to be read.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[rate_limit(key = "secrets_api", count = 1, period = 60, by = header("x-api-key"))]
 #[tracing::instrument]
 async fn api() -> impl IntoResponse {
@@ -149,11 +135,10 @@ async fn api() -> impl IntoResponse {
 #[tokio::test]
 async fn an_instrumented_handler_logs_no_header_value() {
     let logs = Logs::default();
-    let writer = logs.clone();
-    tracing_subscriber::fmt()
-        .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
-        .with_writer(move || writer.clone())
-        .init();
+    tracing::subscriber::set_global_default(
+        logs.subscriber(tracing_subscriber::filter::LevelFilter::TRACE),
+    )
+    .unwrap();
     let redis = RedisServer::start();
     let limiter = RateLimiter::builder()
         .redis(redis.url())
@@ -165,18 +150,7 @@ async fn an_instrumented_handler_logs_no_header_value() {
         .route("/api", get(api))
         .layer(Extension(limiter))
         .layer(Extension(HttpOptions::new()));
-    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .await
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
+    let addr = common::serve_axum(app).await;
     let from = Ipv4Addr::LOCALHOST.into();
     for expected in [200, 429] {
         let reply = http(from, addr, "GET", "/api", &[("x-api-key", API_KEY)])
@@ -184,7 +158,7 @@ async fn an_instrumented_handler_logs_no_header_value() {
             .unwrap();
         assert_eq!(reply.status, expected);
     }
-    let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logged = logs.text();
     assert!(
         logged.contains("HttpCall") && logged.contains("x-api-key"),
         "the call was recorded: {logged}"

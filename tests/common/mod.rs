@@ -363,3 +363,114 @@ pub fn sf_list(value: &str) -> Vec<(String, std::collections::BTreeMap<String, i
 pub fn params(pairs: &[(&str, i64)]) -> std::collections::BTreeMap<String, i64> {
     pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
 }
+
+/// Tasks checking keys round-robin until stopped (see [`load`]).
+pub struct Load {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<Vec<u64>>>,
+    keys: usize,
+}
+
+/// Starts `tasks` tasks, each checking the `keys` (each under its rule,
+/// cost 1) round-robin, `step` keys at a time from its own place, on the
+/// backend `backend(task)` gives it, until [`Load::stop`]. Every check
+/// must be answered and allowed (the rules hold more than the load takes).
+pub fn load(
+    tasks: usize,
+    step: usize,
+    keys: std::sync::Arc<Vec<(String, Rule)>>,
+    backend: impl Fn(usize) -> RedisBackend,
+) -> Load {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let count = keys.len();
+    let tasks = (0..tasks)
+        .map(|task| {
+            let (redis, keys, stop) = (backend(task), keys.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut allowed = vec![0u64; keys.len()];
+                let mut round = task;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    round += step;
+                    let i = round % keys.len();
+                    let (key, rule) = &keys[i];
+                    let decision = Backend::check(&redis, rule, key, 1).await;
+                    let decision = decision.unwrap_or_else(|e| panic!("{key}: {e}"));
+                    assert!(decision.allowed, "{key}: {decision:?}");
+                    allowed[i] += 1;
+                }
+                allowed
+            })
+        })
+        .collect();
+    Load {
+        stop,
+        tasks,
+        keys: count,
+    }
+}
+
+impl Load {
+    /// Stops the tasks: how many checks of each key were allowed.
+    pub async fn stop(self) -> Vec<u64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut allowed = vec![0u64; self.keys];
+        for task in self.tasks {
+            for (total, n) in allowed.iter_mut().zip(task.await.unwrap()) {
+                *total += n;
+            }
+        }
+        allowed
+    }
+}
+
+/// Serves `app` on a free loopback port, with the peer address
+/// (`ConnectInfo`).
+pub async fn serve_axum(app: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("a loopback port");
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
+}
+
+/// Log lines, kept to be read.
+#[derive(Clone, Default)]
+pub struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    /// A subscriber that writes the lines at `level` and above here.
+    pub fn subscriber(
+        &self,
+        level: tracing_subscriber::filter::LevelFilter,
+    ) -> impl tracing::Subscriber + Send + Sync + 'static {
+        let writer = self.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_writer(move || writer.clone())
+            .finish()
+    }
+
+    /// Every line so far.
+    pub fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}

@@ -259,7 +259,10 @@ impl<K> Limit<K> {
                 Chosen::One(site, key) => add(site, key),
                 Chosen::Tier(tier, subject) => {
                     for site in tier {
-                        add(site, Cow::Owned(keys::key(site.prefix, site.name, &subject)));
+                        add(
+                            site,
+                            Cow::Owned(keys::key(site.prefix, site.name, &subject)),
+                        );
                     }
                 }
             }

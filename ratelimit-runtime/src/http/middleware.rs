@@ -132,7 +132,9 @@ impl<R> Middleware<R> {
     pub fn name(mut self, name: &'static str) -> Middleware<R> {
         let rules = &self.limit.rules;
         assert!(
-            !rules[..rules.len() - 1].iter().any(|rule| rule.name == name),
+            !rules[..rules.len() - 1]
+                .iter()
+                .any(|rule| rule.name == name),
             "two rules of one middleware are named `{name}`: each rule needs a name of its own"
         );
         let cost = rules[rules.len() - 1].cost;
@@ -141,7 +143,10 @@ impl<R> Middleware<R> {
     }
 
     /// The rule's name: [`name`](Self::name).
-    #[deprecated(since = "0.1.1", note = "renamed `name`: a rule's identity is its name")]
+    #[deprecated(
+        since = "0.1.1",
+        note = "renamed `name`: a rule's identity is its name"
+    )]
     pub fn key(self, name: &'static str) -> Middleware<R> {
         self.name(name)
     }
@@ -220,7 +225,10 @@ impl<R> Middleware<R> {
     /// Give a request's units back when its response's status makes
     /// `refund_if` say so: `.refund_if(|status| status >= 500)` counts no
     /// request that failed on the server's side.
-    pub fn refund_if(self, refund_if: impl Fn(u16) -> bool + Send + Sync + 'static) -> Middleware<R> {
+    pub fn refund_if(
+        self,
+        refund_if: impl Fn(u16) -> bool + Send + Sync + 'static,
+    ) -> Middleware<R> {
         self.with(|limit| limit.refund_if = Some(Arc::new(refund_if)))
     }
 
