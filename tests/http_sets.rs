@@ -57,6 +57,13 @@ async fn limiter(redis: Option<&RedisServer>) -> RateLimiter {
     }
 }
 
+/// What `key`'s budget under `rule` has left (a peek says what would be
+/// left after one more call).
+async fn left(limiter: &RateLimiter, rule: &Rule, key: &str) -> u64 {
+    let next = limiter.peek(rule, key).await.expect("a peek");
+    next.remaining + u64::from(next.allowed)
+}
+
 /// Serves `/a` behind the layer `layer` (per-user first, then global) and
 /// `/b` behind the layer `swapped` (global first, then per-user).
 async fn serve_layers(limiter: &RateLimiter, tag: &'static str) -> SocketAddr {
@@ -136,8 +143,11 @@ async fn both_orders_charge_nothing_when_refused(
     }
     assert_eq!(passed, 3, "{tag}");
     let user_key = format!("limiter:{tag}_user5:key:ann");
-    let left = limiter.peek(&PER_USER_5, &user_key).await.unwrap();
-    assert_eq!(left.remaining, 2, "{tag}: the refused calls took nothing");
+    assert_eq!(
+        left(limiter, &PER_USER_5, &user_key).await,
+        2,
+        "{tag}: the refused calls took nothing"
+    );
     // The refusal is the global rule's, and lists the per-user rule too.
     let refused = last.unwrap();
     assert_eq!(refused.status, 429, "{refused:?}");
@@ -165,8 +175,7 @@ async fn both_orders_charge_nothing_when_refused(
     }
     assert_eq!(passed, 6, "{tag}");
     let global_key = format!("limiter:{tag}_global10");
-    let left = limiter.peek(&GLOBAL_10, &global_key).await.unwrap();
-    assert_eq!(left.remaining, 4, "{tag}");
+    assert_eq!(left(limiter, &GLOBAL_10, &global_key).await, 4, "{tag}");
     let next = get_as(addr, "/b", "u4").await;
     assert_eq!(next.status, 200);
     // Both rules' fields on an allowed response.
@@ -249,17 +258,11 @@ async fn tiers_of_sets(redis: Option<&RedisServer>, tag: &'static str) {
     assert_eq!(statuses, [200, 200, 429, 429], "{tag}: the free plan");
     // The refused calls took nothing from the daily budget nor the global one.
     let daily_key = format!("limiter:{daily}:key:ann");
-    let left = limiter
-        .peek(&Rule::fixed_window(3, 10 * MINUTE), &daily_key)
-        .await
-        .unwrap();
-    assert_eq!(left.remaining, 1, "{tag}");
+    let daily_rule = Rule::fixed_window(3, 10 * MINUTE);
+    assert_eq!(left(&limiter, &daily_rule, &daily_key).await, 1, "{tag}");
     let everyone = format!("limiter:{tag}_everyone");
-    let left = limiter
-        .peek(&Rule::fixed_window(100, MINUTE), &everyone)
-        .await
-        .unwrap();
-    assert_eq!(left.remaining, 98, "{tag}");
+    let everyone_rule = Rule::fixed_window(100, MINUTE);
+    assert_eq!(left(&limiter, &everyone_rule, &everyone).await, 98, "{tag}");
     let pro_reply = call("bob", "pro").await;
     let state = sf_list(pro_reply.header("ratelimit").unwrap());
     let names: Vec<&str> = state.iter().map(|(name, _)| name.as_str()).collect();
@@ -308,8 +311,7 @@ async fn a_concurrency_rule_of_a_set_holds_its_lease_until_the_response() {
     assert_eq!(first.await.unwrap(), 200);
     assert_eq!(get_as(addr, "/slow", "c").await.status, 200, "given back");
     // Only the two passes took from the window.
-    let left = limiter.peek(&window, "limiter:set_window").await.unwrap();
-    assert_eq!(left.remaining, 98);
+    assert_eq!(left(&limiter, &window, "limiter:set_window").await, 98);
 }
 
 /// Two rules of one set under one name would share budgets and headers:
