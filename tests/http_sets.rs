@@ -214,15 +214,16 @@ async fn a_set_on_the_middleware_is_one_decision_on_redis() {
     both_orders_charge_nothing_when_refused(addr, &limiter, "mw_redis").await;
 }
 
-/// A tier that is a set (the free plan: 2 a minute and 3 a day, here a
-/// minute and ten), with the layer's global rule beside it for every plan.
+/// A tier that is a set (the free plan: 3 a "day", here ten minutes, and 2
+/// a minute), with the layer's global rule beside it for every plan.
 async fn tiers_of_sets(redis: Option<&RedisServer>, tag: &'static str) {
     let limiter = limiter(redis).await;
     let name = |n: &str| -> &'static str { Box::leak(format!("{tag}_{n}").into_boxed_str()) };
-    let (free, daily, pro) = (name("free"), name("free_daily"), name("pro"));
+    let (daily, minute, pro) = (name("free"), name("free_minute"), name("pro"));
+    // The daily rule first: one by one, the refused calls would spend it.
     let plans = Tiers::new()
-        .tier(free, Rule::fixed_window(2, MINUTE))
-        .and(daily, Rule::fixed_window(3, 10 * MINUTE))
+        .tier(daily, Rule::fixed_window(3, 10 * MINUTE))
+        .and(minute, Rule::fixed_window(2, MINUTE))
         .tier(pro, Rule::fixed_window(4, MINUTE));
     let layer = RateLimitLayer::new(Rule::fixed_window(1, MINUTE))
         .name(name("plan"))
