@@ -179,7 +179,7 @@ impl Config {
             .collect();
 
         // Two rules of one fn on one key would share (and corrupt) a budget.
-        let mut seen: Vec<String> = Vec::new();
+        let mut seen: Vec<(String, &Subject)> = Vec::new();
         for (raw, rule) in raws.iter().zip(&rules) {
             if let Some(rule) = rule {
                 let identity = key_identity(rule);
@@ -501,21 +501,18 @@ fn call_param(func: &ItemFn) -> Option<Ident> {
     })
 }
 
-/// What makes two rules' keys the same budget.
-fn key_identity(rule: &RuleConfig) -> String {
-    let mut identity = String::new();
+/// What makes two rules' keys the same budget: the name as written (its
+/// placeholders by what they render) and the subject. Compared, never a
+/// key: the key grammar is the runtime's (`keys.rs`).
+fn key_identity(rule: &RuleConfig) -> (String, &Subject) {
+    let mut name = String::new();
     for part in &rule.key {
         match part {
-            Part::Text(text) => identity.push_str(text),
-            Part::ModulePath => identity.push_str("{module}"),
-            Part::Runtime(name) => identity.push_str(&format!("{{{name}}}")),
-            Part::Value(tokens) => identity.push_str(&format!("{{{tokens}}}")),
+            Part::Text(text) => name.push_str(text),
+            Part::ModulePath => name.push_str("{module}"),
+            Part::Runtime(param) => name.push_str(&format!("{{{param}}}")),
+            Part::Value(tokens) => name.push_str(&format!("{{{tokens}}}")),
         }
     }
-    match &rule.subject {
-        Subject::Global => {}
-        Subject::Ip => identity.push_str(":ip"),
-        Subject::Header(name) => identity.push_str(&format!(":header:{name}")),
-    }
-    identity
+    (name, &rule.subject)
 }

@@ -21,6 +21,7 @@ pub(crate) enum Part {
 }
 
 /// Whose budget: added to the key.
+#[derive(PartialEq, Eq)]
 pub(crate) enum Subject {
     Global,
     Ip,

@@ -23,6 +23,8 @@
 //! control characters. Keys reach Lua as data (`KEYS[1]`), never as code.
 
 use std::fmt::{self, Write as _};
+#[cfg(feature = "http")]
+use std::net::IpAddr;
 
 /// The prefix of a rule that names none.
 pub const DEFAULT_PREFIX: &str = "limiter:";
@@ -47,6 +49,73 @@ pub static HEADER_SUBJECTS: [&'static str];
 
 /// The longest part kept as it is.
 pub(crate) const MAX_PART: usize = 64;
+
+/// `base` followed by the subject of the client `ip` (`:ip:1.2.3.4`, an
+/// IPv6 address masked to its first `ipv6_prefix` bits and written with
+/// them, `:ip:2001:db8::/64`), built in place: the address written straight
+/// into the key (no formatting machinery, no intermediate strings), then
+/// replaced by its keyed digest (`:ip:#<digest>`) under `digest`'s secret.
+#[cfg(feature = "http")]
+pub(crate) fn ip_key(base: &str, ip: IpAddr, ipv6_prefix: u8, digest: Option<&[u8]>) -> String {
+    // The longest subject: `:ip:` and a masked IPv6 address with its
+    // prefix (at most 39 + 4 characters), or a digest (33).
+    let mut key = String::with_capacity(base.len() + IP.len() + 44);
+    key.push_str(base);
+    key.push_str(IP);
+    let start = key.len();
+    match ip {
+        IpAddr::V4(v4) => push_ipv4(&mut key, v4),
+        IpAddr::V6(v6) => {
+            let bits = u32::from(ipv6_prefix.min(128));
+            let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+            let masked = std::net::Ipv6Addr::from(u128::from(v6) & mask);
+            let _ = write!(key, "{masked}/{bits}");
+        }
+    }
+    if let Some(secret) = digest {
+        let address = key.split_off(start);
+        push_digest(&mut key, secret, address.as_bytes());
+    }
+    key
+}
+
+/// `base` followed by the subject of the clients a per-client rule cannot
+/// tell, when they share one budget: `:ip:unknown`.
+#[cfg(feature = "http")]
+pub(crate) fn unknown_client_key(base: &str) -> String {
+    [base, IP, "unknown"].concat()
+}
+
+/// `base` followed by the subject of `value` of the header `name`
+/// (lowercase): `:header:name:#<digest>` under `secret`. The value itself
+/// is never in a key.
+#[cfg(feature = "http")]
+pub(crate) fn header_key(base: &str, secret: &[u8], name: &str, value: &[u8]) -> String {
+    let mut key = String::with_capacity(base.len() + HEADER.len() + name.len() + 34);
+    key.push_str(base);
+    key.push_str(HEADER);
+    key.push_str(name);
+    key.push(':');
+    push_digest(&mut key, secret, value);
+    key
+}
+
+/// Appends `ip` in dotted decimal, as its `Display` writes it.
+#[cfg(feature = "http")]
+fn push_ipv4(out: &mut String, ip: std::net::Ipv4Addr) {
+    for (i, octet) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        if octet >= 100 {
+            out.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            out.push(char::from(b'0' + octet / 10 % 10));
+        }
+        out.push(char::from(b'0' + octet % 10));
+    }
+}
 
 /// The key of `subject`'s budget under the rule `name` kept under `prefix`.
 /// `subject` is written as [`RateLimiter::reset_named`](crate::RateLimiter::reset_named)

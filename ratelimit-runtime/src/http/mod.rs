@@ -27,7 +27,6 @@ pub(crate) mod middleware;
 #[cfg(any(feature = "actix", feature = "tower"))]
 pub use middleware::Middleware;
 
-use std::fmt::Write as _;
 use std::net::IpAddr;
 
 pub use ::http::StatusCode;
@@ -341,30 +340,11 @@ impl HttpOptions {
         self.ip_key("", secret, ip)
     }
 
-    /// `base` followed by the subject of the client `ip`, built in place:
-    /// the address written straight into the key (no formatting machinery,
-    /// no intermediate strings), then digested there if the options say so.
+    /// `base` followed by the subject of the client `ip`, as these options
+    /// write it ([`keys::ip_key`]).
     fn ip_key(&self, base: &str, secret: &[u8], ip: IpAddr) -> String {
-        // The longest subject: `:ip:` and a masked IPv6 address with its
-        // prefix (at most 39 + 4 characters), or a digest (33).
-        let mut key = String::with_capacity(base.len() + keys::IP.len() + 44);
-        key.push_str(base);
-        key.push_str(keys::IP);
-        let start = key.len();
-        match ip {
-            IpAddr::V4(v4) => push_ipv4(&mut key, v4),
-            IpAddr::V6(v6) => {
-                let bits = u32::from(self.ipv6_prefix);
-                let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
-                let masked = std::net::Ipv6Addr::from(u128::from(v6) & mask);
-                let _ = write!(key, "{masked}/{bits}");
-            }
-        }
-        if self.digest_ips {
-            let address = key.split_off(start);
-            keys::push_digest(&mut key, secret, address.as_bytes());
-        }
-        key
+        let digest = self.digest_ips.then_some(secret);
+        keys::ip_key(base, ip, self.ipv6_prefix, digest)
     }
 
     /// Build refusals yourself: `build` makes the response (any status,
@@ -450,8 +430,8 @@ impl HttpOptions {
         self.header_key("", secret, name, value)
     }
 
-    /// `base` followed by [`header_subject`](Self::header_subject), built in
-    /// place.
+    /// `base` followed by [`header_subject`](Self::header_subject)
+    /// ([`keys::header_key`]).
     pub(crate) fn header_key(
         &self,
         base: &str,
@@ -459,13 +439,7 @@ impl HttpOptions {
         name: &str,
         value: Option<&[u8]>,
     ) -> String {
-        let mut subject = String::with_capacity(base.len() + name.len() + 42);
-        subject.push_str(base);
-        subject.push_str(keys::HEADER);
-        subject.push_str(name);
-        subject.push(':');
-        keys::push_digest(&mut subject, secret, value.unwrap_or_default());
-        subject
+        keys::header_key(base, secret, name, value.unwrap_or_default())
     }
 
     /// The key `base` plus the subject for `by = ip` of the client `ip` (as
@@ -480,26 +454,10 @@ impl HttpOptions {
         match ip {
             Some(ip) => Ok(self.ip_key(base, secret, ip)),
             None if self.unknown_client == UnknownClient::Shared => {
-                Ok([base, keys::IP, "unknown"].concat())
+                Ok(keys::unknown_client_key(base))
             }
             None => Err(()),
         }
-    }
-}
-
-/// Appends `ip` in dotted decimal, as its `Display` writes it.
-fn push_ipv4(out: &mut String, ip: std::net::Ipv4Addr) {
-    for (i, octet) in ip.octets().into_iter().enumerate() {
-        if i > 0 {
-            out.push('.');
-        }
-        if octet >= 100 {
-            out.push(char::from(b'0' + octet / 100));
-        }
-        if octet >= 10 {
-            out.push(char::from(b'0' + octet / 10 % 10));
-        }
-        out.push(char::from(b'0' + octet % 10));
     }
 }
 
