@@ -8,7 +8,7 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use actix_web::{App, HttpResponse, HttpServer, Responder, get, web};
+use actix_web::{App, HttpResponse, Responder, get, web};
 use common::{params, sf_list};
 use ratelimit_runtime::{
     ClientHeader, HeaderStyle, HttpOptions, OnError, RateLimit, RateLimiter, Rule, UnknownClient,
@@ -38,19 +38,13 @@ fn serve(limiter: RateLimiter) -> SocketAddr {
 
 /// [`serve`] with these HTTP options as the app's data.
 fn serve_with(limiter: RateLimiter, options: HttpOptions) -> SocketAddr {
-    let server = HttpServer::new(move || {
+    common::serve_actix!(move || {
         App::new()
             .app_data(limiter.clone())
             .app_data(options.clone())
             .service(limit_test3)
             .service(limit_test)
     })
-    .workers(1)
-    .bind((Ipv4Addr::LOCALHOST, 0))
-    .expect("binding a loopback port");
-    let addr = server.addrs()[0];
-    actix_web::rt::spawn(server.run());
-    addr
 }
 
 async fn get_from(
@@ -311,7 +305,7 @@ const API: Rule = Rule::fixed_window(2, Duration::from_secs(10));
 fn serve_with_middleware(options: HttpOptions) -> SocketAddr {
     let long_key: &'static str = Box::leak("k".repeat(100).into_boxed_str());
     let limiter = RateLimiter::in_memory();
-    let server = HttpServer::new(move || {
+    common::serve_actix!(move || {
         App::new()
             .app_data(limiter.clone())
             .app_data(options.clone())
@@ -357,12 +351,6 @@ fn serve_with_middleware(options: HttpOptions) -> SocketAddr {
                     .route("", web::get().to(|| async { "custom" })),
             )
     })
-    .workers(1)
-    .bind((Ipv4Addr::LOCALHOST, 0))
-    .unwrap();
-    let addr = server.addrs()[0];
-    actix_web::rt::spawn(server.run());
-    addr
 }
 
 /// A limiter that takes 127.0.0.1 for a proxy (so `X-Forwarded-For` names
@@ -494,7 +482,7 @@ async fn middleware_allow_lists_match_whole_subjects_and_path_segments() {
 /// units back.
 #[actix_web::test]
 async fn the_middleware_gives_back_the_units_of_server_errors() {
-    let server = HttpServer::new(|| {
+    let addr = common::serve_actix!(|| {
         App::new()
             .app_data(RateLimiter::in_memory())
             .wrap(
@@ -505,12 +493,7 @@ async fn the_middleware_gives_back_the_units_of_server_errors() {
             )
             .route("/fails", web::get().to(HttpResponse::BadGateway))
             .route("/works", web::get().to(|| async { "ok" }))
-    })
-    .workers(1)
-    .bind((Ipv4Addr::LOCALHOST, 0))
-    .unwrap();
-    let addr = server.addrs()[0];
-    actix_web::rt::spawn(server.run());
+    });
     for _ in 0..5 {
         assert_eq!(get_from(ONE, addr, "/fails", &[]).await.status, 502);
     }
@@ -534,17 +517,12 @@ async fn the_middleware_picks_a_tier_per_request() {
             let plan = req.headers().get("x-plan")?.to_str().ok()?;
             Some(format!("actix_{plan}"))
         });
-    let server = HttpServer::new(move || {
+    let addr = common::serve_actix!(move || {
         App::new()
             .app_data(RateLimiter::in_memory())
             .wrap(middleware.clone())
             .route("/t", web::get().to(|| async { "ok" }))
-    })
-    .workers(1)
-    .bind((Ipv4Addr::LOCALHOST, 0))
-    .unwrap();
-    let addr = server.addrs()[0];
-    actix_web::rt::spawn(server.run());
+    });
     let mut pro = Vec::new();
     for _ in 0..4 {
         pro.push(get_from(ONE, addr, "/t", &[("x-plan", "pro")]).await.status);
@@ -577,7 +555,7 @@ async fn refusals_the_app_builds_with_names_in_any_case() {
             true,
         )
         .unwrap();
-    let server = HttpServer::new(move || {
+    let addr = common::serve_actix!(move || {
         App::new()
             .app_data(RateLimiter::in_memory())
             .app_data(options.clone())
@@ -587,12 +565,7 @@ async fn refusals_the_app_builds_with_names_in_any_case() {
                     .wrap(RateLimit::new(API).name("mw-custom-refusal"))
                     .route("", web::get().to(|| async { "mw" })),
             )
-    })
-    .workers(1)
-    .bind((Ipv4Addr::LOCALHOST, 0))
-    .unwrap();
-    let addr = server.addrs()[0];
-    actix_web::rt::spawn(server.run());
+    });
     for path in ["/limitTest3", "/mw"] {
         let mut reply = get_from(TWO, addr, path, &[]).await;
         while reply.status == 200 {

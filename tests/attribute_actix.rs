@@ -3,10 +3,12 @@
 //! in-memory default (one test gives its apps limiters of their own); every
 //! handler has its own key.
 
+mod common;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use actix_web::{App, HttpRequest, HttpResponse, HttpServer, Responder, get, post, web};
+use actix_web::{App, HttpRequest, HttpResponse, Responder, get, post, web};
 use ratelimit_runtime::{RateLimited, RateLimiter, Rule, rate_limit};
 use ratelimit_test_support::{HttpReply, http};
 
@@ -92,7 +94,7 @@ async fn serve() -> SocketAddr {
 
 /// The same, with `limiter` as its app's.
 fn serve_with(limiter: RateLimiter) -> SocketAddr {
-    let server = HttpServer::new(move || {
+    common::serve_actix!(move || {
         App::new()
             .app_data(limiter.clone())
             .service(fixed)
@@ -102,12 +104,6 @@ fn serve_with(limiter: RateLimiter) -> SocketAddr {
             .service(by_header)
             .service(demote)
     })
-    .workers(1)
-    .bind((Ipv4Addr::LOCALHOST, 0))
-    .expect("binding a loopback port");
-    let addr = server.addrs()[0];
-    actix_web::rt::spawn(server.run());
-    addr
 }
 
 async fn get_from(from: IpAddr, addr: SocketAddr, path: &str) -> HttpReply {

@@ -103,7 +103,7 @@ fn serve_middleware(limiter: &RateLimiter, tag: &'static str) -> SocketAddr {
         .name(names("user2"))
         .by_key(user_of_request);
     let limiter = limiter.clone();
-    let server = actix_web::HttpServer::new(move || {
+    common::serve_actix!(move || {
         use actix_web::web;
         actix_web::App::new()
             .app_data(limiter.clone())
@@ -118,12 +118,6 @@ fn serve_middleware(limiter: &RateLimiter, tag: &'static str) -> SocketAddr {
                     .route("", web::get().to(|| async { "b" })),
             )
     })
-    .workers(1)
-    .bind((Ipv4Addr::LOCALHOST, 0))
-    .expect("binding a loopback port");
-    let addr = server.addrs()[0];
-    actix_web::rt::spawn(server.run());
-    addr
 }
 
 /// Issue 56's two scenarios, through the sets `serve_layers` (or

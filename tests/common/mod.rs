@@ -1,5 +1,5 @@
 //! Scenarios shared by the single-node, cluster and memory tests.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports, unused_macros)]
 
 use std::time::Duration;
 
@@ -474,3 +474,18 @@ impl Logs {
         String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
     }
 }
+
+/// Serves the actix-web app `factory` makes (`HttpServer::new`'s argument)
+/// on a free loopback port, with one worker: its address.
+macro_rules! serve_actix {
+    ($factory:expr) => {{
+        let server = ::actix_web::HttpServer::new($factory)
+            .workers(1)
+            .bind((::std::net::Ipv4Addr::LOCALHOST, 0))
+            .expect("binding a loopback port");
+        let addr = server.addrs()[0];
+        ::actix_web::rt::spawn(server.run());
+        addr
+    }};
+}
+pub(crate) use serve_actix;
