@@ -133,7 +133,8 @@ where
         self.inner.poll_ready(cx)
     }
 
-    /// The middlewares' one request flow ([`flow::respond`]).
+    /// The one request flow of both middlewares: decided before anything
+    /// is awaited when it can be, so the inner service is called at once.
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let (parts, body) = req.into_parts();
         let layer = &self.layer;

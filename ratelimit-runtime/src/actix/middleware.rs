@@ -90,7 +90,8 @@ where
 
     forward_ready!(service);
 
-    /// The middlewares' one request flow ([`flow::respond`]).
+    /// The one request flow of both middlewares: decided before anything
+    /// is awaited when it can be, so the inner service is called at once.
     fn call(&self, req: ServiceRequest) -> Self::Future {
         let exchange = ActixExchange {
             service: &self.service,
