@@ -78,7 +78,8 @@
 //! the algorithm's state machine (in Rust, or a Lua script in Redis).
 //! Nothing below the pipeline knows a web framework; [`http`] holds what
 //! every framework shares (client identity, header fields, the request
-//! flow of the middleware and the layer). A backend other than the memory
+//! flow of the middleware and the layer, and [`http::Middleware`], the one
+//! type both are). A backend other than the memory
 //! store (Redis, or one of yours) is wrapped in a failover: a circuit
 //! breaker and an insurance limiter in process memory, which answer by the
 //! failure policy while it fails. Beside the pipeline, the registry
