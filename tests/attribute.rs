@@ -4,7 +4,7 @@
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use ratelimit_runtime::{ManualClock, RateLimited, RateLimiter, rate_limit};
+use ratelimit_runtime::{Error, ManualClock, RateLimited, RateLimiter, rate_limit};
 use tokio::sync::{Mutex, MutexGuard};
 
 /// The clock of the global limiter. Tests that depend on time hold the lock,
@@ -157,6 +157,27 @@ async fn reset_named_resets_a_rule_with_its_own_prefix() {
         tenant_login("bob").await.is_ok(),
         "another subject's budget is its own"
     );
+}
+
+/// A rule whose key is built from its arguments has no subject to name:
+/// `reset_named` and `peek_named` say so with an error instead of answering
+/// `Ok` for a key no call uses.
+#[tokio::test]
+async fn by_name_operations_refuse_a_key_with_placeholders() {
+    let _clock = clock().await;
+    let limiter = RateLimiter::global();
+    for result in [
+        limiter.reset_named("login:{user}", "bob").await,
+        limiter.peek_named("login:{user}", "").await,
+    ] {
+        match result {
+            Err(Error::Config(message)) => assert!(
+                message.contains("full key"),
+                "the error says what to do: {message}"
+            ),
+            other => panic!("a placeholder rule by name gave {other:?}"),
+        }
+    }
 }
 
 #[rate_limit(count = 1, period = 60)]

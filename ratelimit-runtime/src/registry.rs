@@ -254,6 +254,12 @@ pub(crate) fn in_force(name: &str, rule: &Rule) -> Rule {
 /// The rules named `name` (as overrides make them now) and the key of
 /// `subject` under each.
 fn named(name: &str, subject: &str) -> Result<Vec<(Rule, String)>, Error> {
+    if name.replace("{{", "").contains('{') {
+        return Err(Error::Config(format!(
+            "the rule {name:?} builds its key from the call's values, so a subject cannot \
+             name its budget: use `reset`, `peek` or `refund` with the rule and the full key"
+        )));
+    }
     let rules = rules_named(name);
     if rules.is_empty() {
         return Err(Error::Config(format!(
@@ -278,8 +284,8 @@ impl RateLimiter {
     /// global rule, `"ip:1.2.3.4"`, `"arg:user:bob"`, or for a header
     /// [`HttpOptions::subject_of_header`](crate::HttpOptions::subject_of_header)
     /// (header values are digests in keys). Every rule under that name is
-    /// reset. For a key with `{param}` placeholders, use `reset` with the
-    /// full key.
+    /// reset. A key with `{param}` placeholders has no subject: use
+    /// `reset` with the full key (`reset_named` says so with an error).
     ///
     /// ```
     /// use ratelimit_runtime::{RateLimited, RateLimiter, rate_limit};
@@ -297,8 +303,9 @@ impl RateLimiter {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] if no rule has that name (the message lists them),
-    /// and as [`reset`](RateLimiter::reset).
+    /// [`Error::Config`] if no rule has that name (the message lists them)
+    /// or its key has `{param}` placeholders, and as
+    /// [`reset`](RateLimiter::reset).
     pub async fn reset_named(&self, name: &str, subject: &str) -> Result<Decision, Error> {
         let mut last = None;
         for (rule, key) in named(name, subject)? {

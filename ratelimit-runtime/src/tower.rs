@@ -154,13 +154,13 @@ where
 }
 
 /// A response future that must wait for the store, boxed.
-type Waiting<B, E> = Pin<Box<dyn Future<Output = Result<Response<LimitedBody<B>>, E>> + Send>>;
+type TowerWaiting<B, E> = Pin<Box<dyn Future<Output = Result<Response<LimitedBody<B>>, E>> + Send>>;
 
 pin_project_lite::pin_project! {
     /// The future of a [`LimitedService`]'s response.
     pub struct ResponseFuture<F, B, E> {
         #[pin]
-        stage: Responding<F, Response<B>, Response<LimitedBody<B>>, E, Waiting<B, E>>,
+        stage: Responding<F, Response<B>, Response<LimitedBody<B>>, E, TowerWaiting<B, E>>,
     }
 }
 
@@ -231,7 +231,7 @@ where
     type Answer = Response<LimitedBody<ResBody>>;
     type Error = S::Error;
     type Inner = S::Future;
-    type Waiting = Waiting<ResBody, S::Error>;
+    type Waiting = TowerWaiting<ResBody, S::Error>;
 
     fn limiter(&self) -> &RateLimiter {
         match &self.limiter {

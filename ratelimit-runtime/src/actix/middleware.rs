@@ -105,16 +105,16 @@ where
 }
 
 /// The middleware's answer.
-type Answer<B> = Result<ServiceResponse<EitherBody<B>>, actix_web::Error>;
+type ActixResult<B> = Result<ServiceResponse<EitherBody<B>>, actix_web::Error>;
 
 /// A check that waits for the store, and the response after it.
-type Waiting<B> = Pin<Box<dyn Future<Output = Answer<B>>>>;
+type ActixWaiting<B> = Pin<Box<dyn Future<Output = ActixResult<B>>>>;
 
 pin_project_lite::pin_project! {
     /// The future of a [`RateLimitService`]'s response.
     pub struct RateLimitFuture<F, B> {
         #[pin]
-        stage: Responding<F, ServiceResponse<B>, ServiceResponse<EitherBody<B>>, actix_web::Error, Waiting<B>>,
+        stage: Responding<F, ServiceResponse<B>, ServiceResponse<EitherBody<B>>, actix_web::Error, ActixWaiting<B>>,
     }
 }
 
@@ -128,7 +128,7 @@ impl<F, B> Future for RateLimitFuture<F, B>
 where
     F: Future<Output = Result<ServiceResponse<B>, actix_web::Error>>,
 {
-    type Output = Answer<B>;
+    type Output = ActixResult<B>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.project().stage.poll(cx)
@@ -172,7 +172,7 @@ where
     type Answer = ServiceResponse<EitherBody<B>>;
     type Error = actix_web::Error;
     type Inner = S::Future;
-    type Waiting = Waiting<B>;
+    type Waiting = ActixWaiting<B>;
 
     fn limiter(&self) -> &RateLimiter {
         limiter_for(self.req.request())
@@ -192,7 +192,7 @@ where
             .map_into_right_body()
     }
 
-    fn wait(self, checks: Deferred<KeyFn<ServiceRequest>>) -> Waiting<B> {
+    fn wait(self, checks: Deferred<KeyFn<ServiceRequest>>) -> ActixWaiting<B> {
         let owned = ActixExchange {
             service: Rc::clone(self.service.borrow()),
             req: self.req,

@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use super::limit::{Chosen, Limit, Sites, Verdict};
+use super::limit::{Admission, Chosen, Limit, Sites};
 use super::{Field, Headers, HttpOptions, Refusal, rate_limit_headers, refusal};
 use crate::decision::RateLimited;
 use crate::keys;
@@ -249,9 +249,9 @@ impl<K> Limit<K> {
                 |closure| request.run(closure),
             );
             let key = match verdict {
-                Verdict::Pass => continue,
-                Verdict::Check(key) => key,
-                Verdict::Refuse(limited) => {
+                Admission::Pass => continue,
+                Admission::Check(key) => key,
+                Admission::Refuse(limited) => {
                     return Prepared::Refuse(refusal(&limited, &[], options));
                 }
             };

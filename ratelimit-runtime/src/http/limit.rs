@@ -231,7 +231,7 @@ impl RuleSites {
 }
 
 /// What a rule of a middleware does with a request.
-pub(crate) enum Verdict<'a> {
+pub(crate) enum Admission<'a> {
     /// It does not apply (an exempt subject, or no key).
     Pass,
     /// Check it under this key (a global budget's is the rule's own: no
@@ -384,51 +384,51 @@ impl<K> SetRule<K> {
         client: impl FnOnce() -> Option<IpAddr>,
         headers: &impl Headers,
         key: impl FnOnce(&K) -> Option<String>,
-    ) -> Verdict<'_> {
+    ) -> Admission<'_> {
         let subject = match &self.by {
-            Subject::Global => return Verdict::Check(Cow::Borrowed(&self.key)),
+            Subject::Global => return Admission::Check(Cow::Borrowed(&self.key)),
             Subject::Ip => {
                 let ip = client();
                 if ip.is_some_and(|ip| self.exempt_ips.contains(&ip)) {
-                    return Verdict::Pass;
+                    return Admission::Pass;
                 }
                 let secret = match limiter.key_secret() {
                     Ok(secret) => secret,
                     Err(error) if options.digest_ips => {
-                        return Verdict::Refuse(site.misconfigured(&error));
+                        return Admission::Refuse(site.misconfigured(&error));
                     }
                     // Not read: addresses are kept as they are.
                     Err(_) => &[],
                 };
                 match options.ip_subject(&self.key, secret, ip) {
-                    Ok(key) => return Verdict::Check(Cow::Owned(key)),
-                    Err(()) => return Verdict::Refuse(site.unknown_client()),
+                    Ok(key) => return Admission::Check(Cow::Owned(key)),
+                    Err(()) => return Admission::Refuse(site.unknown_client()),
                 }
             }
             Subject::Header(name) => {
                 let value = headers.values(name).next();
                 if value.is_some_and(|v| self.exempt_key(v)) {
-                    return Verdict::Pass;
+                    return Admission::Pass;
                 }
                 match limiter.key_secret() {
                     Ok(secret) => {
                         let key = options.header_key(&self.key, secret, name, value);
-                        return Verdict::Check(Cow::Owned(key));
+                        return Admission::Check(Cow::Owned(key));
                     }
-                    Err(error) => return Verdict::Refuse(site.misconfigured(&error)),
+                    Err(error) => return Admission::Refuse(site.misconfigured(&error)),
                 }
             }
             Subject::Key(closure) => {
                 let Some(k) = key(closure) else {
-                    return Verdict::Pass;
+                    return Admission::Pass;
                 };
                 if self.exempt_key(k.as_bytes()) {
-                    return Verdict::Pass;
+                    return Admission::Pass;
                 }
                 keys::closure_subject(&k)
             }
         };
-        Verdict::Check(Cow::Owned([self.key.as_str(), &subject].concat()))
+        Admission::Check(Cow::Owned([self.key.as_str(), &subject].concat()))
     }
 
     /// Names the rule `name`: the key is `limiter:<name>` plus the subject.

@@ -36,8 +36,8 @@ fn forwarding_headers_count_only_from_trusted_proxies() {
     assert_eq!(proxied.client_ip(ip("10.0.0.2"), &chain), ip("203.0.113.7"));
     // What the headers a request carries name, read with the default
     // (`ClientHeader::Any`).
-    type Headers<'a> = &'a [(&'a str, &'a str)];
-    let cases: [(Headers<'_>, Option<IpAddr>); 6] = [
+    type Pairs<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(Pairs<'_>, Option<IpAddr>); 6] = [
         // Forwarded (RFC 7239), with quotes, ports and IPv6.
         (
             &[(
