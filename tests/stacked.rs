@@ -576,3 +576,74 @@ async fn a_set_fails_over_as_a_single_check_does() {
         assert!(limiters[2].check_all(&set).await.unwrap().allowed());
     }
 }
+
+/// `examples/hierarchical.rs`, built as the rest of the suite was (the
+/// workspace with every feature, so nothing is built again), run in memory
+/// and on Redis: each of its three rules refuses once, taking nothing from
+/// the others, and both stores answer alike.
+#[test]
+fn the_hierarchical_example_runs_in_memory_and_on_redis() {
+    let output = ratelimit_test_support::cargo(env!("CARGO"))
+        .args([
+            "build",
+            "--workspace",
+            "--all-features",
+            "--example",
+            "hierarchical",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .find(|line| {
+            line.contains(r#""name":"hierarchical""#) && line.contains(r#""executable":""#)
+        })
+        .expect("the example's artifact");
+    let path = line.split(r#""executable":""#).nth(1).unwrap();
+    let binary = std::path::PathBuf::from(&path[..path.find('"').unwrap()]);
+    let run = |redis: Option<String>| {
+        let mut command = std::process::Command::new(&binary);
+        command.env_remove("REDIS_URL");
+        if let Some(url) = redis {
+            command.env("REDIS_URL", url);
+        }
+        let output = command.output().expect("the example runs");
+        assert!(output.status.success(), "{output:?}");
+        let text = String::from_utf8(output.stdout).unwrap();
+        // The first line names the store; a token bucket's retry_after
+        // depends on how fast the run went.
+        text.lines()
+            .skip(1)
+            .map(|line| match line.split_once("retry in ") {
+                Some((head, tail)) => {
+                    let tail = tail.trim_start_matches(|c: char| c.is_ascii_digit());
+                    format!("{head}retry in _{tail}")
+                }
+                None => line.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let in_memory = run(None);
+    for expected in [
+        "call 5: 429 by the key rule, retry in _ s (key 0, org 2, global 5: nothing taken)",
+        "call 3: 429 by the org rule, retry in _ s (key 2, org 0, global 3: nothing taken)",
+        "call 3: 200 (key 1, org 3, global 0)",
+        "call 4: 429 by the global rule, retry in _ s (key 1, org 3, global 0: nothing taken)",
+        "call 1: 401: unknown API key",
+    ] {
+        assert!(in_memory.contains(expected), "{expected}:\n{in_memory}");
+    }
+    let server = RedisServer::start();
+    assert_eq!(run(Some(server.url())), in_memory);
+    // Again on the budgets it left: it begins from whole ones.
+    assert_eq!(run(Some(server.url())), in_memory);
+}
