@@ -112,13 +112,6 @@ async fn a_refused_call_charges_no_rule_on_redis() {
 /// (and a third, per-user token bucket, on `three`): exactly 30 pass, and
 /// every rule has its count less the passes left.
 async fn exact_under_tasks(limiter: &RateLimiter, tag: &str, three: bool) {
-    under_tasks(limiter, tag, three, true).await;
-}
-
-/// [`exact_under_tasks`]; unless `exact`, at most 30 pass (a set taken
-/// master by master may be refused by units another set then gives back),
-/// and still every rule has its count less the passes left.
-async fn under_tasks(limiter: &RateLimiter, tag: &str, three: bool, exact: bool) {
     let global = Rule::fixed_window(30, MINUTE);
     let per_user = Rule::fixed_window(10, MINUTE);
     let bucket = Rule::token_bucket(12, Duration::from_secs(3600));
@@ -154,11 +147,7 @@ async fn under_tasks(limiter: &RateLimiter, tag: &str, three: bool, exact: bool)
         *by_user.entry(user).or_insert(0u64) += u64::from(passed);
     }
     let total: u64 = by_user.values().sum();
-    if exact {
-        assert_eq!(total, 30, "{tag}: {by_user:?}");
-    } else {
-        assert!(total <= 30, "{tag}: {by_user:?}");
-    }
+    assert_eq!(total, 30, "{tag}: {by_user:?}");
     assert_eq!(
         left(&limiter, &global, &global_key).await,
         30 - total,
