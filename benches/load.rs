@@ -9,6 +9,7 @@
 //! cargo bench -p ratelimit-benches --bench load -- --duration-ms 500 --algorithms fixed_window,gcra --concurrency 1,64
 //! cargo bench -p ratelimit-benches --bench load -- --no-baselines --no-single     # only what is asked
 //! cargo bench -p ratelimit-benches --bench load -- --slices 1                     # each side in one go
+//! cargo bench -p ratelimit-benches --bench load -- --sets --concurrency 1,16,64   # stacked rules
 //! ```
 //!
 //! At each concurrency, everything compared (every algorithm; ours, ours per
@@ -35,6 +36,11 @@
 //! by EVALSHA, pipelined, 256 calls on their way (backend
 //! `redis-benchmark-ceiling`).
 //!
+//! With `--sets`, instead: one rule (`check`) against sets of 2 and 3 rules
+//! (`check_all`: a per-user, a per-organisation and a global rule), in
+//! process memory (backend `ratelimit-memory`) and on a redis-server
+//! (`ratelimit`), as algorithms `set-1`, `set-2` and `set-3`.
+//!
 //! Set `RATELIMIT_REDIS_CPUS=1` to run redis-server pinned to core 1 (with
 //! `taskset`), and start the bench itself under `taskset -c 0` to give each
 //! side its own core.
@@ -56,6 +62,7 @@ struct Options {
     cluster: bool,
     baselines: bool,
     slices: u32,
+    sets: bool,
 }
 
 /// The seeds' fixed-window counter: `INCR`, and `PEXPIRE` at a window's
@@ -82,6 +89,7 @@ options:
   --cluster              also a local 3-master Redis Cluster
   --no-single            not the single server (with --cluster: the cluster alone)
   --no-baselines         not the raw redis-rs floor nor the peers
+  --sets                 only: one rule against sets of 2 and 3 rules, in memory and on Redis
   --help                 this text
 ";
 
@@ -100,6 +108,7 @@ fn options() -> Options {
         cluster: false,
         baselines: true,
         slices: 4,
+        sets: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -139,6 +148,7 @@ fn options() -> Options {
             "--cluster" => options.cluster = true,
             "--no-single" => options.single = false,
             "--no-baselines" => options.baselines = false,
+            "--sets" => options.sets = true,
             "--help" | "-h" => {
                 print!("{USAGE}");
                 std::process::exit(0)
@@ -561,6 +571,76 @@ async fn connect(builder: ratelimit_runtime::RateLimiterBuilder) -> RateLimiter 
         .expect("connecting")
 }
 
+/// `--sets`: at each concurrency, one rule (`check`) against a set of 2 and
+/// of 3 rules (`check_all`), in memory and on Redis, taking turns as
+/// [`compare`] does. A call of user `k` draws on `k`'s budget, on its
+/// organisation's (one of 50) and on the global one.
+async fn sets(options: &Options) {
+    let server = Server::Single(RedisServer::start());
+    let Server::Single(redis) = &server else {
+        unreachable!()
+    };
+    let on_redis = connect(RateLimiter::builder().redis(redis.url().as_str())).await;
+    let sides = [
+        ("ratelimit-memory", RateLimiter::in_memory(), false),
+        ("ratelimit", on_redis, true),
+    ];
+    let rule = rule(Algorithm::FixedWindow);
+    for &concurrency in &options.concurrency {
+        let mut totals: Vec<(Run, f64)> = (0..6).map(|_| Default::default()).collect();
+        for _ in 0..options.slices.max(1) {
+            for (side, (_, limiter, redis)) in sides.iter().enumerate() {
+                for rules in 1..=3 {
+                    if *redis {
+                        server.flush();
+                        server.reset_stats();
+                    }
+                    let limiter = limiter.clone();
+                    let run = drive(
+                        concurrency,
+                        options.duration / options.slices.max(1),
+                        move |task, n| {
+                            let limiter = limiter.clone();
+                            async move {
+                                let user = key(task, n);
+                                let allowed = if rules == 1 {
+                                    limiter
+                                        .check(&rule, &user)
+                                        .await
+                                        .expect("a decision")
+                                        .allowed
+                                } else {
+                                    let org =
+                                        format!("limiter:load:org:{}", (task * 7919 + n) % 50);
+                                    let set = [
+                                        (&rule, user.as_str(), 1),
+                                        (&rule, org.as_str(), 1),
+                                        (&rule, "limiter:load:global", 1),
+                                    ];
+                                    let verdict =
+                                        limiter.check_all(&set[..rules]).await.expect("a verdict");
+                                    verdict.allowed()
+                                };
+                                assert!(allowed, "the bench rule never refuses");
+                            }
+                        },
+                    )
+                    .await;
+                    let (total, usec) = &mut totals[side * 3 + rules - 1];
+                    total.add(run);
+                    if *redis {
+                        *usec += server.usec_total(OURS);
+                    }
+                }
+            }
+        }
+        for (i, (run, usec)) in totals.into_iter().enumerate() {
+            let algorithm = format!("set-{}", i % 3 + 1);
+            report(sides[i / 3].0, &algorithm, concurrency, run, usec);
+        }
+    }
+}
+
 fn main() {
     let options = options();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -569,6 +649,10 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
+        if options.sets {
+            sets(&options).await;
+            return;
+        }
         if options.single {
             let server = Server::Single(RedisServer::start());
             let url = match &server {

@@ -29,9 +29,8 @@ async fn cached_quote(symbol: &str, limited: RateLimited) -> String {
     )
 }
 
-/// Stacked rules all apply, in the order written: at most 3 a second and at
-/// most 5 a minute. A call the second rule refuses has still used the first
-/// rule's unit.
+/// Stacked rules are one decision: at most 3 a second and at most 5 a
+/// minute. A call either rule refuses takes nothing from the other.
 #[rate_limit(key = "search:burst", count = 3, period = 1)]
 #[rate_limit(key = "search:minute", count = 5, period = "1m", algorithm = sliding_log)]
 async fn search(q: &str) -> Result<usize, RateLimited> {

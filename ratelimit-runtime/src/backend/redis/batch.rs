@@ -393,6 +393,15 @@ pub(super) async fn send_batch(
             }
         })
     };
+    // Give-backs alone (no caller waits for an answer): whoever sends them
+    // waits until they ran (a refused set's caller is answered only once
+    // what the set took is given back), within the late answers' bound.
+    if replies.iter().all(|(_, reply)| reply.is_none()) {
+        if let Ok(reply) = tokio::time::timeout(LATE_ANSWER.max(timeout), run).await {
+            settle(reply, &wire, checks, replies, conn, scripts, timeout);
+        }
+        return;
+    }
     // One timer at a time: the next caller's deadline. Once every caller
     // is answered, the answer is waited for in the background.
     let mut run = run;
