@@ -119,7 +119,7 @@ fn fleet(target: &str, bucket: bool) -> Vec<Result<u64, RateLimited>> {
         let stdout = String::from_utf8_lossy(&output.stdout);
         let line = stdout
             .lines()
-            .find_map(|line| line.strip_prefix("TIMES "))
+            .find_map(|line| Some(line.split_once("TIMES ")?.1))
             .unwrap_or_else(|| panic!("no report from a worker: {stdout}"));
         for word in line.split_whitespace() {
             results.push(match word.parse::<u64>() {
