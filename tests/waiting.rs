@@ -378,3 +378,54 @@ async fn a_dead_redis_answers_a_wait_by_the_policy_at_once() {
         "paced in process: {took:?}"
     );
 }
+
+/// The time calls waited, through the `metrics` facade: one sample per call
+/// that went (labelled with the rule's name from the attribute), zero for
+/// one that went at once; a refusal is none.
+#[tokio::test]
+async fn the_time_spent_waiting_is_a_histogram() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install().expect("the only recorder of this test");
+
+    #[ratelimit_runtime::rate_limit(key = "metered", count = 4, algorithm = gcra, burst = 1, wait = "1s")]
+    async fn metered() -> Result<(), ratelimit_runtime::RateLimited> {
+        Ok(())
+    }
+    let limiter = RateLimiter::in_memory();
+    for _ in 0..2 {
+        let go = limiter
+            .until_ready(&PACED, "limiter:metered", 1, Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert!(go.allowed);
+    }
+    let refused = limiter
+        .until_ready(&PACED, "limiter:metered", 1, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(!refused.allowed);
+    metered().await.unwrap();
+    metered().await.unwrap();
+
+    let (mut plain, mut by_rule) = (Vec::new(), Vec::new());
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        if let ("ratelimit_wait_seconds", DebugValue::Histogram(values)) = (key.name(), value) {
+            let values: Vec<f64> = values.iter().map(|v| v.0).collect();
+            match key.labels().find(|l| l.key() == "rule") {
+                Some(rule) => {
+                    assert_eq!(rule.value(), "metered");
+                    by_rule.extend(values);
+                }
+                None => plain.extend(values),
+            }
+        }
+    }
+    for samples in [&plain, &by_rule] {
+        assert_eq!(samples.len(), 2, "{samples:?}");
+        assert_eq!(samples[0], 0.0, "the first went at once");
+        assert!((0.2..0.5).contains(&samples[1]), "{samples:?}");
+    }
+}
