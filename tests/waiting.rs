@@ -11,9 +11,9 @@ use common::{EPOCH_US, XorShift, redis_backend, redis_backend_without_functions}
 use proptest::prelude::*;
 use ratelimit_runtime::__testing::{RedisTestHooks, WaitAnswer, memory_cancel, memory_reserve};
 use ratelimit_runtime::backend::memory::MemoryBackend;
-use ratelimit_runtime::backend::redis::RedisBackend;
+use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Algorithm, Error, ManualClock, OnError, RateLimiter, Rule};
-use ratelimit_test_support::RedisServer;
+use ratelimit_test_support::{RedisCluster, RedisServer};
 
 fn rules(algorithm: Algorithm) -> Vec<Rule> {
     [
@@ -119,6 +119,19 @@ macro_rules! equivalence {
 
 async fn batching_backend(server: &RedisServer) -> RedisBackend {
     redis_backend(server).await.batch_every_check()
+}
+
+/// The same on a cluster, alone and batched per master.
+#[tokio::test]
+async fn cluster_equals_memory() {
+    let cluster = RedisCluster::start();
+    let options = ConnectOptions {
+        timeout: Duration::from_secs(2),
+        ..ConnectOptions::default()
+    };
+    let redis = RedisBackend::connect(cluster.urls(), options).await.unwrap();
+    same_reservations(&redis, Algorithm::Gcra).await;
+    same_reservations(&redis.batch_every_check(), Algorithm::TokenBucket).await;
 }
 
 equivalence!(
