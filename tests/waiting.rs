@@ -193,7 +193,11 @@ impl Model {
     }
 }
 
-fn model_case() -> impl Strategy<Value = (u64, u64, u64, Vec<(u64, u64, u64, u8)>)> {
+/// A step: time advance (µs), raw cost, longest wait (µs), what to do.
+type Step = (u64, u64, u64, u8);
+
+/// count, burst, period (µs) and the steps.
+fn model_case() -> impl Strategy<Value = (u64, u64, u64, Vec<Step>)> {
     (
         1u64..=5,
         1u64..=4,
