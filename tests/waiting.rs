@@ -129,7 +129,9 @@ async fn cluster_equals_memory() {
         timeout: Duration::from_secs(2),
         ..ConnectOptions::default()
     };
-    let redis = RedisBackend::connect(cluster.urls(), options).await.unwrap();
+    let redis = RedisBackend::connect(cluster.urls(), options)
+        .await
+        .unwrap();
     same_reservations(&redis, Algorithm::Gcra).await;
     same_reservations(&redis.batch_every_check(), Algorithm::TokenBucket).await;
 }

@@ -96,12 +96,12 @@ pub(crate) async fn check_on(
     let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
     let answer = match site.wait {
         // A call that may wait its turn (`wait`), where the rule in force
-        // keeps turns; in shadow mode calls never wait.
+        // keeps turns; in shadow mode calls never wait. Boxed, so the
+        // futures of the calls that do not wait stay small.
         Some(wait) if !shadow && crate::algorithm::spec(rule.algorithm()).wait.is_some() => {
             let jitter = std::time::Duration::ZERO;
             let cost = site.cost;
-            limiter
-                .wait_turn(&rule, key, cost, wait, jitter, on_error, Some(site.name))
+            Box::pin(limiter.wait_turn(&rule, key, cost, wait, jitter, on_error, Some(site.name)))
                 .await
         }
         _ => limiter.acquire_with(&rule, key, site.cost, on_error).await,
