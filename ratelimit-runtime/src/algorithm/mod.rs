@@ -634,6 +634,37 @@ mod tests {
     }
 
     #[test]
+    fn a_cancel_gives_back_what_no_later_reservation_built_on() {
+        for rule in [
+            Rule::gcra(1, Duration::from_secs(1)).with_burst(1),
+            Rule::token_bucket(1, Duration::from_secs(1)).with_burst(1),
+        ] {
+            let mut slot = None;
+            let reserve = |slot: &mut Option<State>, now| {
+                let outcome = reserve(slot, &rule, now, 1, 5 * S).unwrap();
+                Reservation::read(outcome)
+            };
+            assert_eq!(reserve(&mut slot, 0).wait_us, 0, "the first goes at once");
+            let second = reserve(&mut slot, 0);
+            let third = reserve(&mut slot, 0);
+            assert_eq!((second.wait_us, third.wait_us), (S, 2 * S), "in turn");
+            // The second is cancelled with the third queued behind it: the
+            // third keeps its time, so nothing comes back.
+            let before = slot.clone();
+            cancel(&mut slot, &rule, S / 2, 1, 0, second.position);
+            assert_eq!(slot, before, "{rule:?}");
+            // The third, the last, comes back whole: the next caller takes
+            // its turn (at 2 s, 1.5 s from now).
+            cancel(&mut slot, &rule, S / 2, 1, 0, third.position);
+            assert_eq!(reserve(&mut slot, S / 2).wait_us, 3 * S / 2, "{rule:?}");
+            // Once its time has come, a cancel gives nothing back.
+            let before = slot.clone();
+            cancel(&mut slot, &rule, 2 * S, 1, S / 2, 5 * S / 2);
+            assert_eq!(slot, before, "{rule:?}");
+        }
+    }
+
+    #[test]
     fn concurrency_leases_are_released_or_expire() {
         let rule = Rule::concurrency(2, Duration::from_secs(10));
         let mut slot = None;
