@@ -40,6 +40,9 @@ pub(crate) struct RuleConfig {
     pub(crate) on_error: Option<&'static str>,
     pub(crate) limiter: Option<String>,
     pub(crate) shadow: bool,
+    /// `wait`: how long a call may wait its turn (ms), and its value's
+    /// tokens (to report at).
+    pub(crate) wait: Option<(u64, Expr)>,
 }
 
 /// How the generated code reaches the request's [`HttpCall`] (an extractor
@@ -211,6 +214,33 @@ impl Config {
             }
         }
 
+        // A call that waits its turn is one paced call: a fn of its own,
+        // never a handler holding its client's connection, never one of a
+        // set checked all or nothing.
+        for rule in rules.iter().flatten() {
+            let Some((_, value)) = &rule.wait else {
+                continue;
+            };
+            if let Some(handler) = &handler {
+                cx.error(
+                    value,
+                    format_args!(
+                        "`wait` holds a call until its turn, but this fn is an HTTP handler \
+                         ({}): its client would wait on an open connection, and a 429 with \
+                         `Retry-After` tells it when to come back; drop `wait`, or put it on a \
+                         plain async fn that the handler calls",
+                        handler.why
+                    ),
+                );
+            } else if rules.len() > 1 {
+                cx.error(
+                    value,
+                    "`wait` goes on a fn with one `#[rate_limit]`: stacked rules are checked \
+                     all or nothing at once, and one rule's turn is not the others'",
+                );
+            }
+        }
+
         let request = responder.then(|| match call_param(func) {
             Some(ident) => Request::Param(ident),
             None => Request::Injected,
@@ -360,10 +390,22 @@ fn rule_config(raw: &RawArgs, func: &ItemFn, cx: &mut Ctxt) -> Option<RuleConfig
         }
     };
 
+    let wait = raw.value(WAIT).and_then(|value| {
+        let ms = wait_ms(value, cx)?;
+        if let Some(RuleSource::Inline { variant, .. }) = &rule
+            && !matches!(*variant, "Gcra" | "TokenBucket")
+        {
+            cx.error(value, WAIT_ALGORITHM);
+            return None;
+        }
+        Some((ms, value.clone()))
+    });
+
     Some(RuleConfig {
         key,
         subject,
         rule: rule?,
+        wait,
         cost: cost.0,
         cost_span: cost.1,
         name,
@@ -374,6 +416,47 @@ fn rule_config(raw: &RawArgs, func: &ItemFn, cx: &mut Ctxt) -> Option<RuleConfig
         limiter,
         shadow,
     })
+}
+
+/// Why `wait` needs a bucket algorithm.
+pub(crate) const WAIT_ALGORITHM: &str = "`wait` needs `algorithm = gcra` or `algorithm = token_bucket`: they reserve the call's \
+     future slot, so callers queue in turn; a window or `concurrency` rule keeps no slot to \
+     reserve (the default is `fixed_window`)";
+
+/// `wait = "2s"` (or whole seconds) in milliseconds.
+fn wait_ms(value: &Expr, cx: &mut Ctxt) -> Option<u64> {
+    const HELP: &str = "write how long a call may wait its turn as whole seconds (`wait = 2`) \
+                        or a string with a unit: \"500ms\", \"2s\", \"1m\"";
+    let ms = match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(int), ..
+        }) if int.suffix().is_empty() => int
+            .base10_parse::<u64>()
+            .ok()
+            .and_then(|s| s.checked_mul(1000)),
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => match parse_duration_ms(&s.value()) {
+            Ok(ms) => Some(ms),
+            Err(why) => {
+                cx.error(value, format_args!("invalid `wait`: {why}; {HELP}"));
+                return None;
+            }
+        },
+        _ => {
+            cx.error(value, format_args!("invalid `wait`; {HELP}"));
+            return None;
+        }
+    };
+    match ms {
+        Some(0) => cx.error(
+            value,
+            "`wait` must be greater than zero (without `wait`, a call over the limit is refused at once)",
+        ),
+        Some(ms) if ms <= MAX_PERIOD_MS => return Some(ms),
+        _ => cx.error(value, "`wait` must be at most 366 days"),
+    }
+    None
 }
 
 /// `count`/`period`/`algorithm`/`burst`, or `rule = CONST`.

@@ -82,6 +82,15 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
             },
             RuleSource::Inline { .. } => TokenStream::new(),
         };
+        let wait_check = match (&rule.rule, &rule.wait) {
+            (RuleSource::Const(path), Some((_, value))) => {
+                let message = crate::attr::WAIT_ALGORITHM;
+                quote_spanned! {value.span()=>
+                    const _: () = ::core::assert!(#path.algorithm().has_burst(), #message);
+                }
+            }
+            _ => TokenStream::new(),
+        };
         let check = check_call(rule, &site, &rt, request.as_ref());
         let reject = reject(
             rule,
@@ -113,6 +122,7 @@ fn expand(config: Config, mut func: ItemFn) -> TokenStream {
         };
         let statics = quote! {
             #cost_check
+            #wait_check
             #header
             static #site: #rt::Site = #site_expr;
             // Registered by the linker, for overrides by name.
@@ -342,6 +352,9 @@ fn site_expr(rule: &RuleConfig, rt: &TokenStream) -> TokenStream {
     }
     if rule.shadow {
         site.extend(quote!(.with_shadow(true)));
+    }
+    if let Some((ms, _)) = &rule.wait {
+        site.extend(quote!(.with_wait(::core::time::Duration::from_millis(#ms))));
     }
     if let Some(prefix) = &rule.prefix {
         site.extend(quote!(.with_prefix(#prefix)));

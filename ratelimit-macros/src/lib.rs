@@ -67,6 +67,17 @@ use proc_macro::TokenStream;
 ///   `period`, `algorithm` and `burst`.
 /// - `shadow`: check and record (a `tracing` event), never refuse: for
 ///   rolling out a new limit.
+/// - `wait = N` or `"500ms"`, `"2s"`: a call over the limit waits its
+///   turn for up to that long, then runs, instead of being refused: for
+///   calls *out* to a service with a limit of its own. The turn is
+///   reserved atomically (one round trip to Redis): calls of every
+///   process go in the order they reserved, spaced as the rule says. A
+///   call that cannot go within the wait is refused at once, and a caller
+///   that stops waiting (a dropped future, a timeout) gives its turn back.
+///   Needs `algorithm = gcra` or `token_bucket` (a window or `concurrency`
+///   keeps no turn to reserve); a compile error on an HTTP handler (its
+///   client would wait on an open connection: refuse with 429 instead) and
+///   on stacked rules. See `RateLimiter::until_ready`.
 /// - `crate = "path"`: where the runtime is, for crates that re-export it or
 ///   depend on it under another name. Default `::ratelimit_runtime`.
 ///

@@ -33,11 +33,12 @@ pub(crate) const LIMITER: Symbol = Symbol("limiter");
 pub(crate) const RULE: Symbol = Symbol("rule");
 pub(crate) const SHADOW: Symbol = Symbol("shadow");
 pub(crate) const CRATE: Symbol = Symbol("crate");
+pub(crate) const WAIT: Symbol = Symbol("wait");
 
 /// Every option, in the order the docs list them.
-pub(crate) const OPTIONS: [Symbol; 14] = [
+pub(crate) const OPTIONS: [Symbol; 15] = [
     KEY, PREFIX, COUNT, PERIOD, BY, ALGORITHM, BURST, COST, FALLBACK, ON_ERROR, LIMITER, RULE,
-    SHADOW, CRATE,
+    SHADOW, CRATE, WAIT,
 ];
 
 /// The algorithms: attribute name, `Algorithm` variant, whether it takes a

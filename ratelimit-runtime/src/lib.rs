@@ -172,6 +172,7 @@ pub mod __private {
 #[doc(hidden)]
 pub mod __testing {
     pub use crate::backend::redis::hooks::RedisTestHooks;
+    pub use crate::backend::redis::hooks::{WaitAnswer, memory_cancel, memory_reserve};
 }
 
 /// A key made at compile time of constant parts (`&'static str`s), for

@@ -94,7 +94,18 @@ pub(crate) async fn check_on(
     };
     let (rule, shadow) = in_force(site, limiter);
     let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
-    let answer = limiter.acquire_with(&rule, key, site.cost, on_error).await;
+    let answer = match site.wait {
+        // A call that may wait its turn (`wait`), where the rule in force
+        // keeps turns; in shadow mode calls never wait. Boxed, so the
+        // futures of the calls that do not wait stay small.
+        Some(wait) if !shadow && crate::algorithm::spec(rule.algorithm()).wait.is_some() => {
+            let jitter = std::time::Duration::ZERO;
+            let cost = site.cost;
+            Box::pin(limiter.wait_turn(&rule, key, cost, wait, jitter, on_error, Some(site.name)))
+                .await
+        }
+        _ => limiter.acquire_with(&rule, key, site.cost, on_error).await,
+    };
     conclude(site, &rule, shadow, key, answer)
 }
 
@@ -107,6 +118,9 @@ pub(crate) fn check_now(
     limiter: &RateLimiter,
     key: &str,
 ) -> Option<Result<Pass, RateLimited>> {
+    if site.wait.is_some() {
+        return None;
+    }
     let (rule, shadow) = in_force(site, limiter);
     let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
     let answer = limiter.acquire_now(&rule, key, site.cost, on_error)?;

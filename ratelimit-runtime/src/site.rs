@@ -26,6 +26,8 @@ pub struct Site {
     pub(crate) limiter: Option<&'static str>,
     pub(crate) on_error: Option<OnError>,
     pub(crate) shadow: bool,
+    /// How long a call may wait its turn (`wait`): `None`, refused at once.
+    pub(crate) wait: Option<std::time::Duration>,
     /// Its keys' prefix.
     pub(crate) prefix: &'static str,
     /// Its name as its keys hold it, when that is not `name` (a fn
@@ -50,6 +52,7 @@ impl Site {
             limiter: None,
             on_error: None,
             shadow: false,
+            wait: None,
             prefix: keys::DEFAULT_PREFIX,
             keyed_as: None,
             named: OnceLock::new(),
@@ -69,6 +72,16 @@ impl Site {
     /// global one.
     pub const fn with_limiter(mut self, name: &'static str) -> Site {
         self.limiter = Some(name);
+        self
+    }
+
+    /// A call over the limit waits its turn for up to `wait`, then runs
+    /// (see [`RateLimiter::until_ready`]); one that cannot go within it is
+    /// refused at once. Only `gcra` and `token_bucket` rules wait: under
+    /// another rule (an override may set one) and in shadow mode, calls are
+    /// checked as without it.
+    pub const fn with_wait(mut self, wait: std::time::Duration) -> Site {
+        self.wait = Some(wait);
         self
     }
 

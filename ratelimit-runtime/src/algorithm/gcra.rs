@@ -92,3 +92,75 @@ pub(super) fn refund(slot: &mut Option<State>, rule: &Rule, now: u64, units: u64
         }
     });
 }
+
+/// Reserves `cost` units for a call that may wait up to `max_wait` µs (see
+/// [`super::reserve`]): what a check answers, but a call the check refuses
+/// and that can go within `max_wait` is recorded at the time it may go, so
+/// that the next caller queues behind it.
+pub(super) fn reserve(
+    slot: &mut Option<State>,
+    rule: &Rule,
+    now: u64,
+    cost: u64,
+    max_wait: u64,
+) -> Outcome {
+    let outcome = check(slot, rule, now, cost);
+    if outcome.allowed {
+        return super::at_once(outcome);
+    }
+    if outcome.retry_after_us > max_wait {
+        return outcome;
+    }
+    let Some((ahead, born)) = ahead(slot, rule, now) else {
+        return outcome;
+    };
+    let count = rule.count();
+    let position = ahead + cost * rule.period_us();
+    *slot = Some(State::Gcra {
+        tat: now + position / count,
+        born,
+        rem: (position % count) as u32,
+    });
+    super::waiting(position, count, outcome.retry_after_us)
+}
+
+/// How far the TAT is ahead of `now` (in 1/count µs), and when the bucket
+/// began; `None` for no state or one further ahead than any reservation
+/// leaves it (a rule whose count was raised since).
+fn ahead(slot: &Option<State>, rule: &Rule, now: u64) -> Option<(u64, u64)> {
+    match *slot {
+        Some(State::Gcra { tat, rem, born }) if tat > now || (tat == now && rem > 0) => {
+            let whole = tat - now;
+            let count = rule.count();
+            let reach = rule.burst() * rule.period_us() / count + super::wait_cap(rule) + 2;
+            (whole <= reach).then(|| (whole * count + u64::from(rem), born))
+        }
+        Some(State::Gcra { born, .. }) => Some((0, born)),
+        _ => None,
+    }
+}
+
+/// Gives back a reservation made at `at` that left the TAT `position`
+/// ahead of it (see [`super::cancel`]).
+pub(super) fn cancel(
+    slot: &mut Option<State>,
+    rule: &Rule,
+    now: u64,
+    cost: u64,
+    at: u64,
+    position: u64,
+) {
+    let Some((ahead, born)) = ahead(slot, rule, now) else {
+        return;
+    };
+    let Some(back) = super::given_back(rule, now, cost, at, position, ahead, born) else {
+        return;
+    };
+    let count = rule.count();
+    let ahead = ahead - back.min(ahead);
+    *slot = (ahead > 0).then(|| State::Gcra {
+        tat: now + ahead / count,
+        born,
+        rem: (ahead % count) as u32,
+    });
+}

@@ -115,6 +115,19 @@ impl State {
 /// charge whose stamp is the last argument (see [`stamp`]).
 pub(crate) type Refund = fn(&mut Option<State>, &Rule, u64, u64, u64);
 
+/// How an algorithm lets a call wait its turn: a reservation, recorded at
+/// the time the call may go (the next caller queues behind it), and its
+/// cancel.
+#[derive(Debug)]
+pub(crate) struct Waiting {
+    /// Reserves `cost` units at `now` for a call that may wait up to the
+    /// last argument (µs, at most [`wait_cap`]): see [`reserve`].
+    pub(crate) reserve: fn(&mut Option<State>, &Rule, u64, u64, u64) -> Outcome,
+    /// Gives back at `now` a reservation of `cost` units made at the fourth
+    /// argument, answered the position in the fifth: see [`cancel`].
+    pub(crate) cancel: fn(&mut Option<State>, &Rule, u64, u64, u64, u64),
+}
+
 /// One algorithm, as every part of the crate knows it.
 #[derive(Debug)]
 pub(crate) struct Spec {
@@ -138,10 +151,16 @@ pub(crate) struct Spec {
     /// What an allowed check at `now` was counted in, from its outcome and
     /// the rule's period (µs): the stamp its refund names.
     pub(crate) stamp: fn(u64, u64, &Outcome) -> u64,
+    /// Its reservation and the cancel of one, where a call may wait its
+    /// turn (the buckets); `None` where waiting is refused.
+    pub(crate) wait: Option<Waiting>,
     /// Its Lua source, defining `local function <name>(key, now, slack,
     /// count, burst, period, cost, id)` for the Redis scripts, and
     /// `<name>_refund(key, now, slack, count, burst, period, units, stamp)`
-    /// where it has a refund (the stamp in decimal).
+    /// where it has a refund (the stamp in decimal), and
+    /// `<name>_reserve(key, now, slack, count, burst, period, cost,
+    /// max_wait)` and `<name>_cancel(key, now, slack, count, burst, period,
+    /// cost, "<at>:<position>")` where it has [`Spec::wait`].
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) lua: &'static str,
 }
@@ -165,6 +184,7 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         check: fixed_window::check,
         refund: Some(fixed_window::refund),
         stamp: fixed_window::stamp,
+        wait: None,
         lua: lua!("fixed_window"),
     },
     Spec {
@@ -176,6 +196,7 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         check: sliding_log::check,
         refund: Some(sliding_log::refund),
         stamp: sliding_log::stamp,
+        wait: None,
         lua: lua!("sliding_log"),
     },
     Spec {
@@ -187,6 +208,7 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         check: sliding_window::check,
         refund: Some(sliding_window::refund),
         stamp: at_the_call,
+        wait: None,
         lua: lua!("sliding_window"),
     },
     Spec {
@@ -198,6 +220,10 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         check: token_bucket::check,
         refund: Some(token_bucket::refund),
         stamp: at_the_call,
+        wait: Some(Waiting {
+            reserve: token_bucket::reserve,
+            cancel: token_bucket::cancel,
+        }),
         lua: lua!("token_bucket"),
     },
     Spec {
@@ -209,6 +235,10 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         check: gcra::check,
         refund: Some(gcra::refund),
         stamp: at_the_call,
+        wait: Some(Waiting {
+            reserve: gcra::reserve,
+            cancel: gcra::cancel,
+        }),
         lua: lua!("gcra"),
     },
     Spec {
@@ -220,6 +250,7 @@ pub(crate) const REGISTRY: [Spec; 6] = [
         check: concurrency::check,
         refund: None,
         stamp: at_the_call,
+        wait: None,
         lua: lua!("concurrency"),
     },
 ];
@@ -294,6 +325,142 @@ pub(crate) fn refund(
 /// names (see [`Spec::stamp`]).
 pub(crate) fn stamp(algorithm: Algorithm, period_us: u64, now: u64, outcome: &Outcome) -> u64 {
     (spec(algorithm).stamp)(now, period_us, outcome)
+}
+
+/// The longest wait (µs) a reservation under `rule` may be made for: a
+/// reserved position stays below 2^53 (exact in Lua's doubles), so
+/// `2^52 / count` µs, at least 4.5 s (the largest count), over an hour for
+/// a count up to a million.
+pub(crate) fn wait_cap(rule: &Rule) -> u64 {
+    ((1 << 52) - 1) / rule.count()
+}
+
+/// Reserves `cost` units of `slot` at `now` for a call that may wait up to
+/// `max_wait` µs (cut to [`wait_cap`]), where the rule's algorithm lets
+/// calls wait (`None` where not).
+///
+/// A call a check would allow is that check (with no `retry_after`). One it would refuse but that
+/// may go within `max_wait` is recorded as if made at the time it may go,
+/// so that the next caller queues behind it: the answer is allowed, its
+/// `retry_after_us` the wait, and its `remaining` the *position*: how far
+/// (in 1/count µs) the bucket was then short of full, counted from `now`,
+/// what [`cancel`] names (the wire's form too; [`Reservation`] reads it).
+/// Any other call is refused as a check refuses it, and nothing is recorded.
+pub(crate) fn reserve(
+    slot: &mut Option<State>,
+    rule: &Rule,
+    now: u64,
+    cost: u64,
+    max_wait: u64,
+) -> Option<Outcome> {
+    let waiting = spec(rule.algorithm()).wait.as_ref()?;
+    Some((waiting.reserve)(
+        slot,
+        rule,
+        now,
+        cost,
+        max_wait.min(wait_cap(rule)),
+    ))
+}
+
+/// A call a reservation lets go at once: as its check answered, but with
+/// no `retry_after` (on the wire, an allowed answer with one is a call that
+/// waits).
+fn at_once(outcome: Outcome) -> Outcome {
+    Outcome {
+        retry_after_us: 0,
+        ..outcome
+    }
+}
+
+/// Gives back at `now` a reservation of `cost` units made at `at` and
+/// answered `position`, as golang.org/x/time/rate's `Reservation.Cancel`:
+/// nothing once its time to go has come; all of it while no later
+/// reservation queued behind it; less by what later reservations took
+/// after it (their times were set behind it and stay), so nothing when
+/// they took as much. Not in the bucket it was made in (reset since, or
+/// full again and begun anew): nothing.
+pub(crate) fn cancel(
+    slot: &mut Option<State>,
+    rule: &Rule,
+    now: u64,
+    cost: u64,
+    at: u64,
+    position: u64,
+) {
+    if let Some(waiting) = &spec(rule.algorithm()).wait {
+        (waiting.cancel)(slot, rule, now, cost, at, position);
+    }
+}
+
+/// A waiting reservation's answer in the wire's form (see [`reserve`]).
+fn waiting(position: u64, count: u64, wait: u64) -> Outcome {
+    Outcome {
+        allowed: true,
+        remaining: position,
+        reset_after_us: position.div_ceil(count),
+        retry_after_us: wait,
+    }
+}
+
+/// How much of a reservation of `cost` made at `at` and answered
+/// `position` a cancel at `now` gives back, the bucket being `ahead` (in
+/// 1/count µs) short of full now and begun at `born`; `None`: nothing.
+fn given_back(
+    rule: &Rule,
+    now: u64,
+    cost: u64,
+    at: u64,
+    position: u64,
+    ahead: u64,
+    born: u64,
+) -> Option<u64> {
+    let count = rule.count();
+    let tolerance = rule.burst() * rule.period_us();
+    if now < at || born > at || position <= tolerance {
+        return None;
+    }
+    let go = at + (position - tolerance).div_ceil(count);
+    if now >= go {
+        return None;
+    }
+    let later = (ahead + (now - at) * count).checked_sub(position)?;
+    let step = cost * rule.period_us();
+    (later < step).then(|| step - later)
+}
+
+/// A reservation's answer, read from its wire form (see [`reserve`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Reservation {
+    /// The decision: allowed (after `wait_us`), or refused.
+    pub(crate) outcome: Outcome,
+    /// How long the call waits before it goes (µs).
+    pub(crate) wait_us: u64,
+    /// The position [`cancel`] names (0 when it does not wait).
+    pub(crate) position: u64,
+}
+
+impl Reservation {
+    pub(crate) fn read(outcome: Outcome) -> Reservation {
+        if !outcome.allowed || outcome.retry_after_us == 0 {
+            return Reservation {
+                outcome,
+                wait_us: 0,
+                position: 0,
+            };
+        }
+        Reservation {
+            outcome: Outcome {
+                allowed: true,
+                remaining: 0,
+                // When the budget is whole, counted from when the call goes.
+                reset_after_us: outcome.reset_after_us - outcome.retry_after_us,
+                retry_after_us: 0,
+            },
+            wait_us: outcome.retry_after_us,
+            position: outcome.remaining,
+        }
+    }
 }
 
 /// The stamp of the algorithms whose states keep when they began: the
@@ -464,6 +631,37 @@ mod tests {
         assert_eq!(o.retry_after_us, 333_334);
         assert!(!check(&mut slot, &rule, o.retry_after_us - 1, 1).allowed);
         assert!(check(&mut slot, &rule, o.retry_after_us, 1).allowed);
+    }
+
+    #[test]
+    fn a_cancel_gives_back_what_no_later_reservation_built_on() {
+        for rule in [
+            Rule::gcra(1, Duration::from_secs(1)).with_burst(1),
+            Rule::token_bucket(1, Duration::from_secs(1)).with_burst(1),
+        ] {
+            let mut slot = None;
+            let reserve = |slot: &mut Option<State>, now| {
+                let outcome = reserve(slot, &rule, now, 1, 5 * S).unwrap();
+                Reservation::read(outcome)
+            };
+            assert_eq!(reserve(&mut slot, 0).wait_us, 0, "the first goes at once");
+            let second = reserve(&mut slot, 0);
+            let third = reserve(&mut slot, 0);
+            assert_eq!((second.wait_us, third.wait_us), (S, 2 * S), "in turn");
+            // The second is cancelled with the third queued behind it: the
+            // third keeps its time, so nothing comes back.
+            let before = slot.clone();
+            cancel(&mut slot, &rule, S / 2, 1, 0, second.position);
+            assert_eq!(slot, before, "{rule:?}");
+            // The third, the last, comes back whole: the next caller takes
+            // its turn (at 2 s, 1.5 s from now).
+            cancel(&mut slot, &rule, S / 2, 1, 0, third.position);
+            assert_eq!(reserve(&mut slot, S / 2).wait_us, 3 * S / 2, "{rule:?}");
+            // Once its time has come, a cancel gives nothing back.
+            let before = slot.clone();
+            cancel(&mut slot, &rule, 2 * S, 1, S / 2, 5 * S / 2);
+            assert_eq!(slot, before, "{rule:?}");
+        }
     }
 
     #[test]

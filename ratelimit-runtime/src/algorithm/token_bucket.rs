@@ -7,6 +7,32 @@ use crate::rule::Rule;
 pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) -> Outcome {
     let (count, period) = (rule.count(), rule.period_us());
     let capacity = rule.burst() * period;
+    let (tokens, born) = tokens_at(slot, rule, now);
+    let need = cost * period;
+    let allowed = tokens >= need as i128;
+    let tokens = if allowed {
+        let tokens = tokens as u64 - need;
+        *slot = Some(State::TokenBucket(Bucket::new(tokens, now, period, born)));
+        tokens as i128
+    } else {
+        tokens
+    };
+    // `tokens` is below zero only while calls wait their turn (reserved).
+    let short = |want: i128| ((want - tokens).max(0) as u64).div_ceil(count);
+    Outcome {
+        allowed,
+        remaining: tokens.max(0) as u64 / period,
+        reset_after_us: short(capacity as i128),
+        retry_after_us: short(need as i128),
+    }
+}
+
+/// The tokens at `now` (in fixed point; below zero while reserved calls
+/// wait their turn: the last update is then ahead of now) and when the
+/// bucket began: full again, it begins at `now`.
+fn tokens_at(slot: &Option<State>, rule: &Rule, now: u64) -> (i128, u64) {
+    let (count, period) = (rule.count(), rule.period_us());
+    let capacity = rule.burst() * period;
     let (tokens, last, born) = match *slot {
         // `min`: kept under a larger burst, before the rule was changed.
         Some(State::TokenBucket(bucket)) => (
@@ -16,36 +42,87 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
         ),
         _ => (capacity, now, now),
     };
-    let elapsed = now.saturating_sub(last);
-    // Full again: what was taken before is all back, and a bucket begins.
-    let (tokens, born) = if elapsed >= (capacity - tokens).div_ceil(count) {
-        (capacity, now)
-    } else {
-        (tokens + elapsed * count, born)
-    };
-    let need = cost * period;
-    let allowed = tokens >= need;
-    let tokens = if allowed {
-        *slot = Some(State::TokenBucket(Bucket::new(
-            tokens - need,
-            now,
-            period,
+    if last > now {
+        return (
+            tokens as i128 - ((last - now) as i128 * count as i128),
             born,
-        )));
-        tokens - need
-    } else {
-        tokens
-    };
-    Outcome {
-        allowed,
-        remaining: tokens / period,
-        reset_after_us: (capacity - tokens).div_ceil(count),
-        retry_after_us: if tokens >= need {
-            0
-        } else {
-            (need - tokens).div_ceil(count)
-        },
+        );
     }
+    let elapsed = now - last;
+    // Full again: what was taken before is all back, and a bucket begins.
+    if elapsed >= (capacity - tokens).div_ceil(count) {
+        (capacity as i128, now)
+    } else {
+        ((tokens + elapsed * count) as i128, born)
+    }
+}
+
+/// The bucket holding `tokens` at `now` (below zero: its last update is
+/// moved ahead to the first µs at which it holds none or more).
+fn settled(tokens: i128, now: u64, count: u64, period: u64, born: u64) -> Bucket {
+    if tokens >= 0 {
+        return Bucket::new(tokens as u64, now, period, born);
+    }
+    let ahead = (-tokens) as u64;
+    let wait = ahead.div_ceil(count);
+    Bucket::new(wait * count - ahead, now + wait, period, born)
+}
+
+/// Reserves `cost` tokens for a call that may wait up to `max_wait` µs (see
+/// [`super::reserve`]): a call the check refuses and that can go within
+/// `max_wait` takes its tokens now, leaving the bucket below zero until it
+/// goes, so that the next caller queues behind it.
+pub(super) fn reserve(
+    slot: &mut Option<State>,
+    rule: &Rule,
+    now: u64,
+    cost: u64,
+    max_wait: u64,
+) -> Outcome {
+    let outcome = check(slot, rule, now, cost);
+    if outcome.allowed {
+        return super::at_once(outcome);
+    }
+    if outcome.retry_after_us > max_wait || slot.is_none() {
+        return outcome;
+    }
+    let (count, period) = (rule.count(), rule.period_us());
+    let capacity = rule.burst() * period;
+    let (tokens, born) = tokens_at(slot, rule, now);
+    let tokens = tokens - (cost * period) as i128;
+    *slot = Some(State::TokenBucket(settled(
+        tokens, now, count, period, born,
+    )));
+    super::waiting(
+        (capacity as i128 - tokens) as u64,
+        count,
+        outcome.retry_after_us,
+    )
+}
+
+/// Gives back a reservation made at `at` that left the bucket `position`
+/// units short of full (see [`super::cancel`]).
+pub(super) fn cancel(
+    slot: &mut Option<State>,
+    rule: &Rule,
+    now: u64,
+    cost: u64,
+    at: u64,
+    position: u64,
+) {
+    if !matches!(slot, Some(State::TokenBucket(_))) {
+        return;
+    }
+    let (count, period) = (rule.count(), rule.period_us());
+    let capacity = rule.burst() * period;
+    let (tokens, born) = tokens_at(slot, rule, now);
+    let short = (capacity as i128 - tokens) as u64;
+    let Some(back) = super::given_back(rule, now, cost, at, position, short, born) else {
+        return;
+    };
+    let tokens = tokens + back as i128;
+    *slot = (tokens < capacity as i128)
+        .then(|| State::TokenBucket(settled(tokens, now, count, period, born)));
 }
 
 /// Puts `units` tokens back, up to the burst (a full bucket is no state),
@@ -53,21 +130,20 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
 /// since (it was full again, or reset).
 pub(super) fn refund(slot: &mut Option<State>, rule: &Rule, now: u64, units: u64, stamp: u64) {
     let (count, period) = (rule.count(), rule.period_us());
-    let capacity = rule.burst() * period;
+    let capacity = (rule.burst() * period) as i128;
     let Some(State::TokenBucket(bucket)) = *slot else {
         return;
     };
     if bucket.born() > stamp {
         return;
     }
-    let tokens = bucket.tokens_under(period).min(capacity);
-    let elapsed = now.saturating_sub(bucket.last());
-    if elapsed >= (capacity - tokens).div_ceil(count) {
+    let (tokens, _) = tokens_at(slot, rule, now);
+    if tokens >= capacity {
         return;
     }
-    let tokens = (tokens + elapsed * count + units.min(rule.burst()) * period).min(capacity);
+    let tokens = (tokens + (units.min(rule.burst()) * period) as i128).min(capacity);
     *slot = (tokens < capacity)
-        .then(|| State::TokenBucket(Bucket::new(tokens, now, period, bucket.born())));
+        .then(|| State::TokenBucket(settled(tokens, now, count, period, bucket.born())));
 }
 
 /// A bucket's state in 24 bytes (so a store's entry stays one cache line):

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::breaker::{Breaker, CircuitOpen};
-use super::hook::{Answered, BackendCall, LeaseRef, RoundTrip, Sealed, ServedBy};
+use super::hook::{Answered, BackendCall, LeaseRef, Reserved, RoundTrip, Sealed, ServedBy, Ticket};
 use super::memory::MemoryBackend;
 #[cfg(feature = "redis")]
 use super::over_limit::OverLimitCache;
@@ -256,6 +256,76 @@ impl<B: Backend> Backend for Failover<B> {
             return Ok(());
         }
         self.inner.__release(Sealed::NEW, lease).await
+    }
+
+    /// A reservation under the failure policy, at once when the backend
+    /// fails: the insurance limiter reserves in process (`local`), the call
+    /// goes unchecked (`allow`) or the error is the caller's (`deny`). The
+    /// over-limit cache is not asked: a refused key may still be reserved.
+    async fn __reserve(
+        &self,
+        _: Sealed,
+        call: BackendCall<'_>,
+        max_wait: Duration,
+    ) -> Result<Reserved, Error> {
+        let answer = if self.breaker.allow() {
+            self.inner.__reserve(Sealed::NEW, call, max_wait).await
+        } else {
+            Err(Error::backend(CircuitOpen))
+        };
+        match answer {
+            Ok(reserved) => {
+                self.breaker.succeeded();
+                Ok(reserved)
+            }
+            Err(error @ Error::Backend(_)) => {
+                if !matches!(&error, Error::Backend(e) if e.is::<CircuitOpen>()) {
+                    let trip = self.inner.__round_trip(Sealed::NEW, &error);
+                    self.breaker.failed(trip, &error, call.on_error);
+                }
+                match call.on_error {
+                    OnError::Local => {
+                        let mut reserved = self.insurance.reserve(&call, max_wait)?;
+                        reserved.answered.by = ServedBy::Insurance;
+                        if let Some(ticket) = &mut reserved.ticket {
+                            ticket.insurance = true;
+                        }
+                        Ok(reserved)
+                    }
+                    OnError::Allow => Ok(Reserved::at_once(Answered::unchecked(call.rule))),
+                    OnError::Deny => Err(error),
+                }
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    fn __cancel_now(&self, _: Sealed, rule: &Rule, key: &str, cost: u64, ticket: Ticket) -> bool {
+        if ticket.insurance {
+            self.insurance.cancel_now(rule, key, cost, ticket);
+            return true;
+        }
+        self.inner
+            .__cancel_now(Sealed::NEW, rule, key, cost, ticket)
+    }
+
+    async fn __cancel(
+        &self,
+        _: Sealed,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        ticket: Ticket,
+    ) -> Result<(), Error> {
+        if self.__cancel_now(Sealed::NEW, rule, key, cost, ticket) {
+            return Ok(());
+        }
+        let cancelled = self
+            .inner
+            .__cancel(Sealed::NEW, rule, key, cost, ticket)
+            .await;
+        self.forget(rule, key);
+        cancelled
     }
 
     fn __round_trip(&self, _: Sealed, error: &Error) -> RoundTrip {

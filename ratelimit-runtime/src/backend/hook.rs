@@ -92,3 +92,34 @@ pub enum RoundTrip {
     /// Some other failure of this call alone.
     Other,
 }
+
+/// A call that may wait its turn, answered: the decision (allowed: the
+/// call goes after `wait`), and the ticket that gives back a reservation
+/// that waits.
+#[derive(Clone, Copy, Debug)]
+pub struct Reserved {
+    pub(crate) answered: Answered,
+    pub(crate) wait: std::time::Duration,
+    pub(crate) ticket: Option<Ticket>,
+}
+
+impl Reserved {
+    /// A call answered at once (refused, or going without waiting).
+    pub(crate) fn at_once(answered: Answered) -> Reserved {
+        Reserved {
+            answered,
+            wait: std::time::Duration::ZERO,
+            ticket: None,
+        }
+    }
+}
+
+/// What names a reservation that waits, for its cancel: when it was made
+/// (µs of the store's clock), the position it answered, and whether the
+/// insurance limiter holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    pub(crate) at: u64,
+    pub(crate) position: u64,
+    pub(crate) insurance: bool,
+}

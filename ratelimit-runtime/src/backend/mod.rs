@@ -5,7 +5,7 @@ use std::future::Future;
 use crate::decision::{Charge, Decision};
 use crate::error::{Error, OnError};
 use crate::rule::Rule;
-use hook::{Answered, BackendCall, LeaseRef, RoundTrip, Sealed};
+use hook::{Answered, BackendCall, LeaseRef, Reserved, RoundTrip, Sealed, Ticket};
 
 mod breaker;
 mod failover;
@@ -236,6 +236,56 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     fn __round_trip(&self, _: Sealed, error: &Error) -> RoundTrip {
         let _ = error;
         RoundTrip::Other
+    }
+
+    /// Reserves `call` for a caller that may wait up to `max_wait` (see
+    /// [`RateLimiter::until_ready`](crate::RateLimiter::until_ready)),
+    /// answered at once where the store is in process; `None` when it
+    /// takes a call to the backend.
+    #[doc(hidden)]
+    fn __reserve_now(
+        &self,
+        _: Sealed,
+        call: &BackendCall<'_>,
+        max_wait: std::time::Duration,
+    ) -> Option<Result<Reserved, Error>> {
+        let _ = (call, max_wait);
+        None
+    }
+
+    /// Reserves `call` for a caller that may wait up to `max_wait`. A
+    /// backend of yours cannot: [`Error::Unsupported`].
+    #[doc(hidden)]
+    fn __reserve(
+        &self,
+        _: Sealed,
+        call: BackendCall<'_>,
+        max_wait: std::time::Duration,
+    ) -> impl Future<Output = Result<Reserved, Error>> + Send {
+        let _ = (call, max_wait);
+        async { Err(Error::Unsupported("waiting its turn on a custom backend")) }
+    }
+
+    /// Gives back a reservation that waits, at once where it is held in
+    /// process; `false` when it takes a call to the backend.
+    #[doc(hidden)]
+    fn __cancel_now(&self, _: Sealed, rule: &Rule, key: &str, cost: u64, ticket: Ticket) -> bool {
+        let _ = (rule, key, cost, ticket);
+        false
+    }
+
+    /// Gives back a reservation that waits, where it was made.
+    #[doc(hidden)]
+    fn __cancel(
+        &self,
+        _: Sealed,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        ticket: Ticket,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        let _ = (rule, key, cost, ticket);
+        async { Ok(()) }
     }
 
     /// The store's name, for [`RateLimiter::backend_name`](crate::RateLimiter::backend_name).

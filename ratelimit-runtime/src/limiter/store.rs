@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::RuleCheck;
-use crate::backend::hook::{Answered, BackendCall, LeaseRef, Sealed};
+use crate::backend::hook::{Answered, BackendCall, LeaseRef, Reserved, Sealed, Ticket};
 use crate::backend::memory::MemoryBackend;
 use crate::backend::{Backend, Failover};
 use crate::decision::{Charge, Decision};
@@ -35,6 +35,20 @@ pub(super) trait Store: Send + Sync + fmt::Debug + 'static {
         on_error: OnError,
     ) -> Boxed<'a, Vec<Answered>>;
     fn name(&self) -> &'static str;
+    fn reserve_now(
+        &self,
+        call: &BackendCall<'_>,
+        max_wait: Duration,
+    ) -> Option<Result<Reserved, Error>>;
+    fn reserve<'a>(&'a self, call: BackendCall<'a>, max_wait: Duration) -> Boxed<'a, Reserved>;
+    fn cancel_now(&self, rule: &Rule, key: &str, cost: u64, ticket: Ticket) -> bool;
+    fn cancel<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+        ticket: Ticket,
+    ) -> Boxed<'a, ()>;
 }
 
 impl<B: Backend> Store for B {
@@ -76,6 +90,32 @@ impl<B: Backend> Store for B {
 
     fn name(&self) -> &'static str {
         self.__name(Sealed::NEW)
+    }
+
+    fn reserve_now(
+        &self,
+        call: &BackendCall<'_>,
+        max_wait: Duration,
+    ) -> Option<Result<Reserved, Error>> {
+        self.__reserve_now(Sealed::NEW, call, max_wait)
+    }
+
+    fn reserve<'a>(&'a self, call: BackendCall<'a>, max_wait: Duration) -> Boxed<'a, Reserved> {
+        Box::pin(self.__reserve(Sealed::NEW, call, max_wait))
+    }
+
+    fn cancel_now(&self, rule: &Rule, key: &str, cost: u64, ticket: Ticket) -> bool {
+        self.__cancel_now(Sealed::NEW, rule, key, cost, ticket)
+    }
+
+    fn cancel<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        cost: u64,
+        ticket: Ticket,
+    ) -> Boxed<'a, ()> {
+        Box::pin(self.__cancel(Sealed::NEW, rule, key, cost, ticket))
     }
 }
 

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, MutexGuard};
 
-use super::hook::{Answered, BackendCall, LeaseRef, Sealed};
+use super::hook::{Answered, BackendCall, LeaseRef, Reserved, Sealed, Ticket};
 use super::{Backend, StoredKey};
 use crate::algorithm::{self, State};
 use crate::clock::{Clock, SystemClock};
@@ -255,6 +255,63 @@ impl MemoryBackend {
         }
     }
 
+    /// Reserves `cost` units for a call that may wait up to `max_wait`
+    /// (see [`RateLimiter::until_ready`](crate::RateLimiter::until_ready)):
+    /// its answer, read, and the time it was made at (µs of this store's
+    /// clock); `None` where the rule's algorithm cannot wait.
+    pub(crate) fn reserve_now(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        max_wait: std::time::Duration,
+    ) -> Option<(algorithm::Reservation, u64)> {
+        algorithm::spec(rule.algorithm()).wait.as_ref()?;
+        let max_wait = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
+        let (outcome, now) = self.update(rule, key, |slot, now| {
+            algorithm::reserve(slot, rule, now, cost, max_wait)
+                .unwrap_or_else(|| algorithm::check(slot, rule, now, cost))
+        });
+        Some((algorithm::Reservation::read(outcome), now))
+    }
+
+    /// A reservation in the hooks' form (see [`reserve_now`](Self::reserve_now)).
+    pub(crate) fn reserve(
+        &self,
+        call: &BackendCall<'_>,
+        max_wait: std::time::Duration,
+    ) -> Result<Reserved, Error> {
+        let Some((reservation, now)) = self.reserve_now(call.rule, call.key, call.cost, max_wait)
+        else {
+            return Err(Error::Unsupported(UNWAITABLE));
+        };
+        let decision = reservation.outcome.decision(call.rule);
+        let stamp = (decision.allowed && reservation.wait_us == 0).then(|| {
+            algorithm::stamp(
+                call.rule.algorithm(),
+                call.rule.period_us(),
+                now,
+                &reservation.outcome,
+            )
+        });
+        Ok(Reserved {
+            answered: Answered::by_backend(decision, stamp),
+            wait: std::time::Duration::from_micros(reservation.wait_us),
+            ticket: (reservation.wait_us > 0).then_some(Ticket {
+                at: now,
+                position: reservation.position,
+                insurance: false,
+            }),
+        })
+    }
+
+    /// Gives back a reservation that waits (see `algorithm::cancel`).
+    pub(crate) fn cancel_now(&self, rule: &Rule, key: &str, cost: u64, ticket: Ticket) {
+        self.look(rule, key, true, |slot, now| {
+            algorithm::cancel(slot, rule, now, cost, ticket.at, ticket.position);
+        });
+    }
+
     /// Gives back lease `id` of a concurrency rule.
     pub(crate) fn release_now(&self, key: &str, id: u64) {
         let hash = key_hash(&self.inner.hasher, key.as_bytes());
@@ -470,6 +527,29 @@ impl Backend for MemoryBackend {
         true
     }
 
+    fn __reserve_now(
+        &self,
+        _: Sealed,
+        call: &BackendCall<'_>,
+        max_wait: std::time::Duration,
+    ) -> Option<Result<Reserved, Error>> {
+        Some(self.reserve(call, max_wait))
+    }
+
+    fn __reserve(
+        &self,
+        _: Sealed,
+        call: BackendCall<'_>,
+        max_wait: std::time::Duration,
+    ) -> impl Future<Output = Result<Reserved, Error>> + Send {
+        std::future::ready(self.reserve(&call, max_wait))
+    }
+
+    fn __cancel_now(&self, _: Sealed, rule: &Rule, key: &str, cost: u64, ticket: Ticket) -> bool {
+        self.cancel_now(rule, key, cost, ticket);
+        true
+    }
+
     fn __name(&self, _: Sealed) -> &'static str {
         "memory"
     }
@@ -483,6 +563,9 @@ impl Backend for MemoryBackend {
         Ok(self.answer_all(checks))
     }
 }
+
+/// Why a call under a window or concurrency rule cannot wait its turn.
+pub(crate) const UNWAITABLE: &str = "waiting its turn under a window or concurrency rule (only gcra and token_bucket reserve a future slot)";
 
 #[cfg(test)]
 mod tests;

@@ -611,7 +611,7 @@ fn send_alone<'a>(
     for (key, call, (deadline, reply)) in jobs {
         // A check or a peek only for a caller who still waits; a release
         // or a give-back whether or not anyone does.
-        if reply.is_none() && matches!(call.op, Op::Check(_) | Op::Peek(_)) {
+        if reply.is_none() && matches!(call.op, Op::Check(_) | Op::Peek(_) | Op::Reserve(_)) {
             continue;
         }
         let job = Job {

@@ -73,13 +73,20 @@ pub(super) enum Op {
     Refund(Algorithm),
     /// The key's state deleted (then answered as a peek).
     Reset(Algorithm),
+    /// A call that may wait its turn (its lease id: the longest wait, µs);
+    /// answered as `algorithm::reserve` answers.
+    Reserve(Algorithm),
+    /// A reservation given back (its lease id: when it was made, with
+    /// [`Call::position`]), then answered as a peek.
+    Cancel(Algorithm),
 }
 
 impl Op {
     /// Its id on the wire, from the algorithm's place `a` in the registry
     /// of `n` (the batch script's tables are written from the registry):
     /// a check `1 + a`, a release `n + 1`, a peek `n + 2 + a`, a refund
-    /// `2n + 2 + a`, a reset `3n + 2 + a`.
+    /// `2n + 2 + a`, a reset `3n + 2 + a`, a reservation `4n + 2 + a`, its
+    /// cancel `5n + 2 + a`.
     pub(super) fn id(self) -> u8 {
         let n = REGISTRY.len() as u8;
         match self {
@@ -88,6 +95,8 @@ impl Op {
             Op::Peek(algorithm) => n + 2 + algorithm as u8,
             Op::Refund(algorithm) => 2 * n + 2 + algorithm as u8,
             Op::Reset(algorithm) => 3 * n + 2 + algorithm as u8,
+            Op::Reserve(algorithm) => 4 * n + 2 + algorithm as u8,
+            Op::Cancel(algorithm) => 5 * n + 2 + algorithm as u8,
         }
     }
 }
@@ -119,6 +128,9 @@ pub(super) struct Call {
     pub(super) lease: Option<u64>,
     /// The latest server time (µs) at which the script may still run it.
     pub(super) deadline: Option<u64>,
+    /// A cancel's reservation's position: its lease id goes as
+    /// `"<lease>:<position>"`.
+    pub(super) position: Option<u64>,
 }
 
 impl Call {
@@ -139,7 +151,18 @@ impl Call {
             clock,
             lease,
             deadline: None,
+            position: None,
         }
+    }
+
+    /// Its lease id as the script reads it (a cancel's with its
+    /// reservation's position).
+    fn lease_arg(&self) -> Option<Vec<u8>> {
+        let lease = self.lease?;
+        Some(match self.position {
+            Some(position) => format!("{lease}:{position}").into_bytes(),
+            None => lease.to_string().into_bytes(),
+        })
     }
 
     /// Where the call goes in a batch: 0 a check (or peek) whose state is
@@ -149,7 +172,7 @@ impl Call {
     pub(super) fn place(&self) -> u8 {
         match self.op {
             Op::Release => 3,
-            Op::Reset(_) | Op::Refund(_) => 2,
+            Op::Reset(_) | Op::Refund(_) | Op::Cancel(_) => 2,
             _ if spec(self.algorithm).string => 0,
             _ => 1,
         }
@@ -242,7 +265,7 @@ pub(super) fn encode<'a>(
         .arg(costs)
         .arg(read_ahead)
         .arg(deadlines);
-    for lease in calls.filter_map(|(_, c)| c.lease) {
+    for lease in calls.filter_map(|(_, c)| c.lease_arg()) {
         cmd.arg(lease);
     }
 }
@@ -268,7 +291,7 @@ pub(super) fn encode_one(cmd: &mut Cmd, key: &[u8], call: &Call) {
         chunk.copy_from_slice(&number.to_be_bytes());
     }
     cmd.arg(1).arg(key).arg(&packed[..]);
-    if let Some(lease) = call.lease {
+    if let Some(lease) = call.lease_arg() {
         cmd.arg(lease);
     }
 }

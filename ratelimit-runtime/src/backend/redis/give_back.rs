@@ -25,31 +25,40 @@ pub(super) type SendGiveBacks = fn(
 pub(super) fn holds(call: &Call) -> bool {
     matches!(call.op, Op::Check(algorithm)
         if call.lease.is_some() || spec(algorithm).refund.is_some())
+        || matches!(call.op, Op::Reserve(_))
 }
 
 /// What gives back the units an allowed check took for a caller that did
 /// not hear of it: the release of its lease, or a refund of its cost naming
 /// what counted it (the stamp of its `outcome`, run at `now`), so that it
 /// lands there or nowhere; its key and call. `None` for what is not a
-/// check, and where the algorithm has no refund.
+/// check, and where the algorithm has no refund. A reservation that waits
+/// is cancelled (naming when it was made and its position); one that went
+/// at once is refunded as a check.
 pub(super) fn give_back_of(
     key: &StoredKey,
     call: &Call,
     outcome: &Outcome,
     now: Option<u64>,
 ) -> Option<(StoredKey, Call)> {
-    let (op, lease) = match call.op {
-        Op::Check(_) if call.lease.is_some() => (Op::Release, call.lease),
+    let (op, lease, position) = match call.op {
+        Op::Check(_) if call.lease.is_some() => (Op::Release, call.lease, None),
         Op::Check(algorithm) if spec(algorithm).refund.is_some() => {
             let stamp = algorithm::stamp(algorithm, call.period_us, now?, outcome);
-            (Op::Refund(algorithm), Some(stamp))
+            (Op::Refund(algorithm), Some(stamp), None)
         }
+        Op::Reserve(algorithm) if outcome.retry_after_us == 0 => {
+            let stamp = algorithm::stamp(algorithm, call.period_us, now?, outcome);
+            (Op::Refund(algorithm), Some(stamp), None)
+        }
+        Op::Reserve(algorithm) => (Op::Cancel(algorithm), Some(now?), Some(outcome.remaining)),
         _ => return None,
     };
     let call = Call {
         op,
         lease,
         deadline: None,
+        position,
         ..*call
     };
     Some((key.clone(), call))

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use super::RedisBackend;
 use super::codec::{Op, TimeSource};
+use crate::algorithm::Reservation;
 use crate::backend::RuleCheck;
+use crate::backend::hook::Ticket;
+use crate::backend::memory::MemoryBackend;
 use crate::decision::{Charge, Decision};
 use crate::error::Error;
 use crate::rule::Rule;
@@ -75,10 +78,80 @@ pub trait RedisTestHooks: Sized {
         now: Duration,
     ) -> Result<Vec<Decision>, Error>;
 
+    /// A call that may wait up to `max_wait` (see
+    /// [`RateLimiter::until_ready`](crate::RateLimiter::until_ready)),
+    /// reserved as if the server's clock read `now`: its decision, its wait
+    /// and, when it waits, the reservation that [`cancel_at`](Self::cancel_at)
+    /// names.
+    async fn reserve_at(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        max_wait: Duration,
+        now: Duration,
+    ) -> Result<WaitAnswer, Error>;
+
+    /// Gives back a reservation as if the server's clock read `now`, then
+    /// answers as a peek.
+    async fn cancel_at(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        reservation: (u64, u64),
+        now: Duration,
+    ) -> Result<Decision, Error>;
+
     /// Every check joins a batch, even when nothing is on its way (for
     /// tests of the batch script; without it, checks made one after another
     /// each go alone).
     fn batch_every_check(self) -> Self;
+}
+
+/// A reservation's answer: the decision, the wait, and when it waits, the
+/// reservation (when it was made, µs, and its position).
+pub type WaitAnswer = (Decision, Duration, Option<(u64, u64)>);
+
+/// [`RedisTestHooks::reserve_at`] on the memory store, on its clock.
+pub fn memory_reserve(
+    store: &MemoryBackend,
+    rule: &Rule,
+    key: &str,
+    cost: u64,
+    max_wait: Duration,
+) -> Result<WaitAnswer, Error> {
+    let (reservation, now) = store
+        .reserve_now(rule, key, cost, max_wait)
+        .ok_or(Error::Unsupported(crate::backend::memory::UNWAITABLE))?;
+    Ok(answer(rule, reservation, Some(now)))
+}
+
+/// [`RedisTestHooks::cancel_at`] on the memory store, on its clock.
+pub fn memory_cancel(
+    store: &MemoryBackend,
+    rule: &Rule,
+    key: &str,
+    cost: u64,
+    (at, position): (u64, u64),
+) -> Decision {
+    let ticket = Ticket {
+        at,
+        position,
+        insurance: false,
+    };
+    store.cancel_now(rule, key, cost, ticket);
+    store.peek_now(rule, key)
+}
+
+fn answer(rule: &Rule, reservation: Reservation, now: Option<u64>) -> WaitAnswer {
+    let wait = reservation.wait_us;
+    (
+        reservation.outcome.decision(rule),
+        Duration::from_micros(wait),
+        now.filter(|_| wait > 0)
+            .map(|at| (at, reservation.position)),
+    )
 }
 
 fn fixed(now: Duration) -> TimeSource {
@@ -146,6 +219,33 @@ impl RedisTestHooks for RedisBackend {
     ) -> Result<Vec<Decision>, Error> {
         let answers = self.check_all_on(checks, fixed(now)).await?;
         Ok(answers.into_iter().map(|(decision, _)| decision).collect())
+    }
+
+    async fn reserve_at(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        max_wait: Duration,
+        now: Duration,
+    ) -> Result<WaitAnswer, Error> {
+        let max_wait = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
+        let (reservation, at) = self
+            .reserve_on(rule, key, cost, max_wait, fixed(now))
+            .await?;
+        Ok(answer(rule, reservation, at))
+    }
+
+    async fn cancel_at(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        reservation: (u64, u64),
+        now: Duration,
+    ) -> Result<Decision, Error> {
+        self.cancel_on(rule, key, cost, reservation, fixed(now))
+            .await
     }
 
     fn batch_every_check(mut self) -> RedisBackend {

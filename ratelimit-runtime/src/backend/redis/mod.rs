@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::Backend;
-use super::hook::{Answered, BackendCall, RoundTrip, Sealed};
+use super::hook::{Answered, BackendCall, Reserved, RoundTrip, Sealed, Ticket};
 use crate::algorithm::{self, spec};
 use crate::decision::{Charge, Decision};
 use crate::error::Error;
@@ -282,6 +282,46 @@ impl RedisBackend {
         Ok(self.run(key, call).await?.0.decision(rule))
     }
 
+    /// A reservation for a caller that may wait up to `max_wait` (µs) on
+    /// `clock`: its answer read, and the server's time it was made at.
+    async fn reserve_on(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        max_wait: u64,
+        clock: TimeSource,
+    ) -> Result<(algorithm::Reservation, Option<u64>), Error> {
+        if spec(rule.algorithm()).wait.is_none() {
+            return Err(Error::Unsupported(super::memory::UNWAITABLE));
+        }
+        let max_wait = max_wait.min(algorithm::wait_cap(rule));
+        let call = Call::new(
+            Op::Reserve(rule.algorithm()),
+            rule,
+            cost,
+            clock,
+            Some(max_wait),
+        );
+        let (outcome, now) = self.run(key, call).await?;
+        Ok((algorithm::Reservation::read(outcome), now))
+    }
+
+    /// Gives back on `clock` a reservation that waits, made at `at` and
+    /// answered `position`; then answers as a peek.
+    async fn cancel_on(
+        &self,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        (at, position): (u64, u64),
+        clock: TimeSource,
+    ) -> Result<Decision, Error> {
+        let mut call = Call::new(Op::Cancel(rule.algorithm()), rule, cost, clock, Some(at));
+        call.position = Some(position);
+        Ok(self.run(key, call).await?.0.decision(rule))
+    }
+
     /// Gives back `charge` on `clock` (a charge with no stamp, of no
     /// built-in backend, gives nothing back: a peek).
     async fn refund_on(
@@ -425,6 +465,53 @@ impl Backend for RedisBackend {
             .eval(rule, key, cost, TimeSource::Server, lease)
             .await?;
         Ok(Answered::by_backend(decision, stamp))
+    }
+
+    async fn __reserve(
+        &self,
+        _: Sealed,
+        call: BackendCall<'_>,
+        max_wait: Duration,
+    ) -> Result<Reserved, Error> {
+        let max_wait = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
+        let (reservation, now) = self
+            .reserve_on(call.rule, call.key, call.cost, max_wait, TimeSource::Server)
+            .await?;
+        let decision = reservation.outcome.decision(call.rule);
+        let rule = call.rule;
+        let stamp = now
+            .filter(|_| decision.allowed && reservation.wait_us == 0)
+            .map(|now| {
+                algorithm::stamp(
+                    rule.algorithm(),
+                    rule.period_us(),
+                    now,
+                    &reservation.outcome,
+                )
+            });
+        Ok(Reserved {
+            answered: Answered::by_backend(decision, stamp),
+            wait: Duration::from_micros(reservation.wait_us),
+            ticket: now.filter(|_| reservation.wait_us > 0).map(|at| Ticket {
+                at,
+                position: reservation.position,
+                insurance: false,
+            }),
+        })
+    }
+
+    async fn __cancel(
+        &self,
+        _: Sealed,
+        rule: &Rule,
+        key: &str,
+        cost: u64,
+        ticket: Ticket,
+    ) -> Result<(), Error> {
+        let reservation = (ticket.at, ticket.position);
+        self.cancel_on(rule, key, cost, reservation, TimeSource::Server)
+            .await
+            .map(drop)
     }
 
     fn __round_trip(&self, _: Sealed, error: &Error) -> RoundTrip {

@@ -53,6 +53,19 @@ fn run_table<'a>(specs: impl Iterator<Item = &'a Spec> + Clone) -> String {
         }
         before.push(format!("[{}] = true", Op::Peek(algorithm).id()));
         before.push(format!("[{}] = reset", Op::Reset(algorithm).id()));
+        if spec.wait.is_some() {
+            run.push(format!(
+                "[{}] = {}_reserve",
+                Op::Reserve(algorithm).id(),
+                spec.name
+            ));
+            run.push(format!("[{}] = {}", Op::Cancel(algorithm).id(), spec.name));
+            before.push(format!(
+                "[{}] = {}_cancel",
+                Op::Cancel(algorithm).id(),
+                spec.name
+            ));
+        }
         if spec.refund.is_some() {
             run.push(format!("[{}] = {}", Op::Refund(algorithm).id(), spec.name));
             before.push(format!(

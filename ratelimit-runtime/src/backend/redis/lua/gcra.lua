@@ -74,3 +74,53 @@ local function gcra_refund(key, now, slack, count, burst, period, units, stamp)
     write('SET', key, GCRA .. struct_pack('>ddd', now + w, ahead - w * count, born),
         'PX', text(math.ceil(ceil_div(ahead, count) / 1000) + slack))
 end
+
+-- How far the TAT is ahead of now (1/count µs) and when the bucket began;
+-- nil for no key, or a TAT further ahead than any reservation leaves it.
+local function gcra_ahead(key, now, count, burst, period)
+    local tat, rem, born = gcra_state(key, now)
+    if not tat then return nil end
+    if not (tat > now or (tat == now and rem > 0)) then return 0, born end
+    local whole = tat - now
+    if whole > idiv(burst * period, count) + wait_cap(count) + 2 then return nil end
+    return whole * count + rem, born
+end
+
+local function gcra_write(key, now, slack, count, ahead, born)
+    local whole = idiv(ahead, count)
+    write('SET', key, GCRA .. struct_pack('>ddd', now + whole, ahead - whole * count, born),
+        'PX', text(math.ceil(ceil_div(ahead, count) / 1000) + slack))
+end
+
+-- A call that may wait up to `id` µs: a check, but one the check refuses
+-- that can go within the wait moves the TAT on as if it went then, and
+-- answers allowed, its position (the TAT's lead, 1/count µs) as
+-- `remaining` and its wait as `retry_after` (src/algorithm/mod.rs,
+-- `reserve`).
+local function gcra_reserve(key, now, slack, count, burst, period, cost, id)
+    local allowed, remaining, reset_after, retry = gcra(key, now, slack, count, burst, period, cost)
+    if allowed == 1 then return 1, remaining, reset_after, 0 end
+    if retry > math.min(tonumber(id), wait_cap(count)) then
+        return allowed, remaining, reset_after, retry
+    end
+    local ahead, born = gcra_ahead(key, now, count, burst, period)
+    if not ahead then return allowed, remaining, reset_after, retry end
+    local position = ahead + cost * period
+    gcra_write(key, now, slack, count, position, born)
+    return 1, position, ceil_div(position, count), retry
+end
+
+-- Gives back a reservation ("<at>:<position>") not yet due.
+local function gcra_cancel(key, now, slack, count, burst, period, cost, id)
+    local at, position = reservation(id)
+    local ahead, born = gcra_ahead(key, now, count, burst, period)
+    if not ahead then return end
+    local back = given_back(count, burst, period, now, cost, at, position, ahead, born)
+    if not back then return end
+    ahead = ahead - math.min(back, ahead)
+    if ahead <= 0 then
+        write('DEL', key)
+        return
+    end
+    gcra_write(key, now, slack, count, ahead, born)
+end

@@ -147,3 +147,28 @@ end
 local function score_at(key, index)
     return tonumber(redis_call('ZRANGE', key, text(index), text(index), 'WITHSCORES')[2])
 end
+
+-- Waiting (the buckets' `<name>_reserve` and `<name>_cancel`; mirrors
+-- src/algorithm/mod.rs). The longest wait a reservation may be made for:
+-- 2^52 / count µs, so that a reserved position stays below 2^53.
+local function wait_cap(count) return idiv(4503599627370495, count) end
+-- A cancel's `id`: "<at>:<position>", when the reservation was made and
+-- the position it answered.
+local function reservation(id)
+    local at, position = string.match(id, '^(%d+):(%d+)$')
+    return tonumber(at), tonumber(position)
+end
+-- How much of a reservation of `cost` made at `at` and answered `position`
+-- a cancel at `now` gives back, the bucket being `ahead` (1/count µs) short
+-- of full now and begun at `born`; nil: nothing. Nothing once its time to
+-- go has come, nor in a bucket begun since; less by what later
+-- reservations took after it (their times stay).
+local function given_back(count, burst, period, now, cost, at, position, ahead, born)
+    local tolerance = burst * period
+    if not at or now < at or born > at or position <= tolerance then return nil end
+    if now >= at + ceil_div(position - tolerance, count) then return nil end
+    local later = ahead + (now - at) * count - position
+    local step = cost * period
+    if later < 0 or later >= step then return nil end
+    return step - later
+end
