@@ -8,7 +8,8 @@
 //! cargo bench -p ratelimit-benches --bench fleet -- --instances 40 --count 500000 --block 2000 --load 1.5
 //! ```
 //!
-//! Each instance offers calls at a steady rate (paced every millisecond):
+//! Each instance offers calls at a steady rate (paced every millisecond,
+//! from `--tasks` tasks):
 //! together `--load` times the rule's `count` a period, spread evenly, or
 //! unevenly (instance `i` gets a share in proportion to `1 / (i + 1)`).
 //! The rule is a fixed window of `--count` a `--period-ms`; a call that
@@ -16,6 +17,8 @@
 //! decision's `reset_after`). One JSON line per run:
 //!
 //! - `checks_per_sec`, `passes_per_sec`: calls answered, and passed;
+//!   `errors_per_sec`: calls Redis did not answer in time (the failure
+//!   policy is `deny`, so none is counted by an insurance limiter);
 //! - `redis_calls_per_sec`: script calls Redis ran (`FCALL`, `EVALSHA`,
 //!   `EVAL` in `INFO commandstats`: one per round trip of a check or a
 //!   block), and `redis_commands_per_sec`: every command it ran (the
@@ -31,7 +34,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratelimit_runtime::{RateLimiter, Rule};
+use ratelimit_runtime::{OnError, RateLimiter, Rule};
 use ratelimit_test_support::RedisServer;
 
 struct Options {
@@ -43,6 +46,7 @@ struct Options {
     load: f64,
     shapes: Vec<String>,
     compare: bool,
+    tasks: usize,
 }
 
 const USAGE: &str = "\
@@ -54,6 +58,8 @@ usage: cargo bench -p ratelimit-benches --bench fleet -- [options]
   --block N         the local quota's largest block (default 5000)
   --duration-ms N   each run (default 5000)
   --load X          calls offered, as a multiple of count a period (default 1.2)
+  --tasks N         tasks per instance sharing its rate, so calls checked one
+                    by one have more in flight to coalesce (default 1)
   --shapes a,b      even, uneven (default both)
   --no-compare      skip the runs checked call by call
 ";
@@ -68,6 +74,7 @@ fn options() -> Options {
         load: 1.2,
         shapes: vec!["even".into(), "uneven".into()],
         compare: true,
+        tasks: 1,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -81,6 +88,7 @@ fn options() -> Options {
             "--load" => o.load = value().parse().unwrap(),
             "--shapes" => o.shapes = value().split(',').map(str::to_owned).collect(),
             "--no-compare" => o.compare = false,
+            "--tasks" => o.tasks = value().parse().unwrap(),
             "--bench" => {}
             "--help" | "-h" => {
                 print!("{USAGE}");
@@ -126,6 +134,7 @@ fn redis_calls(server: &RedisServer) -> (u64, u64) {
 /// (ms since the run's start).
 struct Seen {
     checks: u64,
+    errors: u64,
     passes: BTreeMap<u64, u64>,
 }
 
@@ -139,6 +148,7 @@ async fn instance(
 ) -> Seen {
     let mut seen = Seen {
         checks: 0,
+        errors: 0,
         passes: BTreeMap::new(),
     };
     let mut tick = tokio::time::interval(Duration::from_millis(1));
@@ -150,9 +160,17 @@ async fn instance(
             return seen;
         }
         let due = (rate * elapsed.as_secs_f64()) as u64;
-        while seen.checks < due {
-            let decision = limiter.check(&rule, &key).await.expect("a decision");
+        while seen.checks + seen.errors < due && start.elapsed() < duration {
+            let Ok(decision) = limiter.check(&rule, &key).await else {
+                seen.errors += 1;
+                continue;
+            };
             seen.checks += 1;
+            // A request handler awaits I/O between checks: let the
+            // limiter's connection (and the other instances) run.
+            if seen.checks % 64 == 0 {
+                tokio::task::yield_now().await;
+            }
             if decision.allowed {
                 let end = (start.elapsed() + decision.reset_after).as_millis() as u64;
                 *seen.passes.entry(end).or_default() += 1;
@@ -167,6 +185,9 @@ async fn run(server: &RedisServer, o: &Options, shape: &str, quota: bool, run_id
         limiters.push(
             RateLimiter::builder()
                 .redis(server.url().as_str())
+                // A check Redis does not answer in time is an error, not a
+                // pass of the in-process insurance limiter.
+                .on_backend_error(OnError::Deny)
                 .build()
                 .await
                 .expect("a limiter on the bench's redis-server"),
@@ -193,48 +214,54 @@ async fn run(server: &RedisServer, o: &Options, shape: &str, quota: bool, run_id
         .unwrap();
     let start = Instant::now() + Duration::from_millis(50);
     let tasks: Vec<_> = limiters
-        .into_iter()
+        .iter()
         .zip(&weights)
-        .map(|(limiter, w)| {
+        .flat_map(|(limiter, w)| {
+            let rate = offered * w / total / o.tasks as f64;
+            (0..o.tasks).map(move |_| (limiter.clone(), rate))
+        })
+        .map(|(limiter, rate)| {
             tokio::spawn(instance(
                 limiter,
                 rule,
                 key.clone(),
-                offered * w / total,
+                rate,
                 start,
                 o.duration,
             ))
         })
         .collect();
-    let mut checks = 0;
+    let (mut checks, mut errors) = (0, 0);
     let mut passes: BTreeMap<u64, u64> = BTreeMap::new();
     for task in tasks {
         let seen = task.await.unwrap();
         checks += seen.checks;
+        errors += seen.errors;
         for (end, n) in seen.passes {
             *passes.entry(end).or_default() += n;
         }
     }
-    let elapsed = start.elapsed().as_secs_f64().min(o.duration.as_secs_f64());
+    let elapsed = start.elapsed().as_secs_f64();
     let (scripts, commands) = redis_calls(server);
 
-    // Windows by their end: the first one's end, then a period apart
-    // (ends seen by different instances differ by a round trip).
+    // Windows by their end: Redis' windows of one key are a period or more
+    // apart, and the ends seen of one window differ by a round trip.
     let period_ms = o.period.as_millis() as u64;
-    let origin = passes.keys().next().copied().unwrap_or(0);
-    let mut windows: BTreeMap<u64, u64> = BTreeMap::new();
-    for (end, n) in &passes {
-        let index = ((end - origin) as f64 / period_ms as f64).round() as u64;
-        *windows.entry(index).or_default() += n;
-    }
     let run_ms = o.duration.as_millis() as u64;
+    let mut windows: Vec<(u64, u64)> = Vec::new();
+    for (&end, &n) in &passes {
+        match windows.last_mut() {
+            Some((first, passed)) if end < *first + period_ms / 2 => *passed += n,
+            _ => windows.push((end, n)),
+        }
+    }
     let whole: Vec<f64> = windows
         .iter()
-        .filter(|(index, _)| origin + *index * period_ms <= run_ms)
+        .filter(|(end, _)| *end >= period_ms && *end <= run_ms)
         .map(|(_, n)| *n as f64 / o.count as f64)
         .collect();
     let passed: u64 = passes.values().sum();
-    let max_window = windows.values().copied().max().unwrap_or(0);
+    let max_window = windows.iter().map(|(_, n)| *n).max().unwrap_or(0);
     let mean = whole.iter().sum::<f64>() / whole.len().max(1) as f64;
     let min = whole.iter().copied().fold(f64::INFINITY, f64::min);
     println!(
@@ -249,6 +276,7 @@ async fn run(server: &RedisServer, o: &Options, shape: &str, quota: bool, run_id
             "offered_per_sec": offered.round(),
             "checks_per_sec": (checks as f64 / elapsed).round(),
             "passes_per_sec": (passed as f64 / elapsed).round(),
+            "errors_per_sec": (errors as f64 / elapsed).round(),
             "redis_calls_per_sec": (scripts as f64 / elapsed).round(),
             "redis_commands_per_sec": (commands as f64 / elapsed).round(),
             "checks_per_redis_call": (checks as f64 / scripts.max(1) as f64 * 10.0).round() / 10.0,
