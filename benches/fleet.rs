@@ -168,7 +168,7 @@ async fn instance(
             seen.checks += 1;
             // A request handler awaits I/O between checks: let the
             // limiter's connection (and the other instances) run.
-            if seen.checks % 64 == 0 {
+            if seen.checks.is_multiple_of(64) {
                 tokio::task::yield_now().await;
             }
             if decision.allowed {

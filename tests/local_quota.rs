@@ -47,7 +47,14 @@ fn script_calls(server: &RedisServer) -> u64 {
                 .iter()
                 .any(|p| l.starts_with(p))
         })
-        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
         .sum()
 }
 
@@ -212,7 +219,10 @@ async fn a_block_held_is_spent_while_redis_is_down_then_the_policy_answers() {
         assert!(limiter.check(&rule, key).await.unwrap().allowed);
     }
     let held = taken(&limiter, &rule, key).await - 2;
-    assert!(held >= 10, "the second call took a block: {held} units held");
+    assert!(
+        held >= 10,
+        "the second call took a block: {held} units held"
+    );
     let killed = Instant::now();
     server.kill();
 

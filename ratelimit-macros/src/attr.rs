@@ -384,11 +384,7 @@ fn rule_config(raw: &RawArgs, func: &ItemFn, cx: &mut Ctxt) -> Option<RuleConfig
 /// `local_quota = N`: at least 1, at most the rule's capacity, on an
 /// algorithm a quota applies to (for `rule = CONST`, the const
 /// `Rule::with_local_quota` checks these).
-fn local_quota(
-    raw: &RawArgs,
-    rule: Option<&RuleSource>,
-    cx: &mut Ctxt,
-) -> Option<(u64, Span)> {
+fn local_quota(raw: &RawArgs, rule: Option<&RuleSource>, cx: &mut Ctxt) -> Option<(u64, Span)> {
     let value = raw.value(LOCAL_QUOTA)?;
     let block = positive_int(value, LOCAL_QUOTA, cx)?;
     if let Some(RuleSource::Inline {
