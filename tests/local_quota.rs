@@ -322,3 +322,29 @@ async fn an_empty_key_is_refused_without_a_round_trip() {
     let calls = script_calls(&server) - before;
     assert!(calls <= 2, "{calls} script calls for 100 refusals");
 }
+
+#[ratelimit_runtime::rate_limit(
+    key = "attribute-quota",
+    count = 1_000,
+    period = "1h",
+    local_quota = 100,
+    limiter = "quota"
+)]
+async fn hot() -> Result<(), ratelimit_runtime::RateLimited> {
+    Ok(())
+}
+
+/// `local_quota = N` in the attribute reaches the limiter: the second call
+/// takes a block from Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attribute_serves_from_local_quotas() {
+    let server = RedisServer::start();
+    let limiter = denying_limiter(&server).await;
+    limiter.clone().install_as("quota").unwrap();
+    for _ in 0..2 {
+        hot().await.unwrap();
+    }
+    let rule = Rule::fixed_window(1_000, Duration::from_secs(3600));
+    let held = taken(&limiter, &rule, "limiter:attribute-quota").await - 2;
+    assert!(held >= 5, "the second call took a block: {held} units held");
+}
