@@ -485,3 +485,41 @@ impl<B: Backend> Backend for LocalQuotas<B> {
         self.inner.__name(Sealed::NEW)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_lives_a_tenth_of_the_period_between_10_ms_and_1_s() {
+        let rule = |ms| Rule::fixed_window(10, Duration::from_millis(ms));
+        assert_eq!(lifetime(&rule(1_000)), Duration::from_millis(100));
+        assert_eq!(lifetime(&rule(20)), Duration::from_millis(10));
+        assert_eq!(lifetime(&rule(3_600_000)), Duration::from_secs(1));
+    }
+
+    /// A block follows the rate asked, never under the call's cost, never
+    /// over the rule's largest block or its capacity.
+    #[test]
+    fn a_block_follows_the_rate_within_its_bounds() {
+        let rule = Rule::fixed_window(1_000, Duration::from_secs(1)).with_local_quota(300);
+        let entry = Entry::new(&rule, "k");
+        assert_eq!(entry.block_to_take(1), 1, "no rate seen yet");
+        assert_eq!(entry.block_to_take(7), 7, "at least the call's cost");
+        {
+            let mut held = entry.held();
+            held.asked = 1_000;
+            held.since = Instant::now() - Duration::from_secs(1);
+            held.rate = 0.0;
+        }
+        // 1,000 a second for a quarter of a 100 ms lifetime.
+        assert_eq!(entry.block_to_take(1), 25);
+        {
+            let mut held = entry.held();
+            held.asked = 1_000_000;
+            held.since = Instant::now() - Duration::from_secs(1);
+            held.rate = 0.0;
+        }
+        assert_eq!(entry.block_to_take(1), 300, "capped at the largest block");
+    }
+}
