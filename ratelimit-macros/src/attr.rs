@@ -43,6 +43,8 @@ pub(crate) struct RuleConfig {
     /// `wait`: how long a call may wait its turn (ms), and its value's
     /// tokens (to report at).
     pub(crate) wait: Option<(u64, Expr)>,
+    /// `local_quota = N`: the largest block, and the span of its value.
+    pub(crate) local_quota: Option<(u64, Span)>,
 }
 
 /// How the generated code reaches the request's [`HttpCall`] (an extractor
@@ -400,6 +402,7 @@ fn rule_config(raw: &RawArgs, func: &ItemFn, cx: &mut Ctxt) -> Option<RuleConfig
         }
         Some((ms, value.clone()))
     });
+    let local_quota = local_quota(raw, rule.as_ref(), cx);
 
     Some(RuleConfig {
         key,
@@ -415,6 +418,7 @@ fn rule_config(raw: &RawArgs, func: &ItemFn, cx: &mut Ctxt) -> Option<RuleConfig
         on_error,
         limiter,
         shadow,
+        local_quota,
     })
 }
 
@@ -457,6 +461,53 @@ fn wait_ms(value: &Expr, cx: &mut Ctxt) -> Option<u64> {
         _ => cx.error(value, "`wait` must be at most 366 days"),
     }
     None
+}
+
+/// `local_quota = N`: at least 1, at most the rule's capacity, on an
+/// algorithm a quota applies to (for `rule = CONST`, the const
+/// `Rule::with_local_quota` checks these).
+fn local_quota(raw: &RawArgs, rule: Option<&RuleSource>, cx: &mut Ctxt) -> Option<(u64, Span)> {
+    let value = raw.value(LOCAL_QUOTA)?;
+    let block = positive_int(value, LOCAL_QUOTA, cx)?;
+    if let Some(RuleSource::Inline {
+        variant,
+        count,
+        burst,
+        ..
+    }) = rule
+    {
+        let name = ALGORITHMS
+            .iter()
+            .find(|(_, v, _)| v == variant)
+            .map_or("", |(n, ..)| *n);
+        if !LOCAL_QUOTA_ALGORITHMS.contains(&name) {
+            cx.error(
+                value,
+                format_args!(
+                    "`local_quota` applies to `algorithm = {}`; `{name}` cannot be served from \
+                     local quotas ({})",
+                    LOCAL_QUOTA_ALGORITHMS.join("` or `"),
+                    if name == "concurrency" {
+                        "its units are held in flight, not spent"
+                    } else {
+                        "a unit served later than it was counted would shift the window"
+                    }
+                ),
+            );
+            return None;
+        }
+        let capacity = burst.unwrap_or(*count);
+        if block > capacity {
+            cx.error(
+                value,
+                format_args!(
+                    "`local_quota` must be at most the rule's capacity ({capacity}), not {block}"
+                ),
+            );
+            return None;
+        }
+    }
+    Some((block, value.span()))
 }
 
 /// `count`/`period`/`algorithm`/`burst`, or `rule = CONST`.

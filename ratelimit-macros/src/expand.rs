@@ -337,7 +337,10 @@ fn set_entry(rule: &RuleConfig, site: &Ident, rt: &TokenStream, handler: bool) -
 /// The rule's `Site`: its name and rule, and the options written.
 fn site_expr(rule: &RuleConfig, rt: &TokenStream) -> TokenStream {
     let name = &rule.name;
-    let rule_expr = rule_expr(&rule.rule, rt);
+    let mut rule_expr = rule_expr(&rule.rule, rt);
+    if let Some((block, span)) = rule.local_quota {
+        rule_expr = quote_spanned!(span=> #rule_expr.with_local_quota(#block));
+    }
     let mut site = quote!(#rt::Site::new(#name, #rule_expr));
     if rule.cost != 1 {
         let cost = rule.cost;

@@ -78,6 +78,11 @@ use proc_macro::TokenStream;
 ///   keeps no turn to reserve); a compile error on an HTTP handler (its
 ///   client would wait on an open connection: refuse with 429 instead) and
 ///   on stacked rules. See `RateLimiter::until_ready`.
+/// - `local_quota = N`: on Redis, each instance takes blocks of up to `N`
+///   units from the shared budget in one call and serves calls from them in
+///   process (`Rule::with_local_quota`), for hot keys. `fixed_window`,
+///   `token_bucket` and `gcra` only; at most the capacity (`burst` or
+///   `count`).
 /// - `crate = "path"`: where the runtime is, for crates that re-export it or
 ///   depend on it under another name. Default `::ratelimit_runtime`.
 ///

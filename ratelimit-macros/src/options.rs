@@ -35,11 +35,30 @@ pub(crate) const SHADOW: Symbol = Symbol("shadow");
 pub(crate) const CRATE: Symbol = Symbol("crate");
 pub(crate) const WAIT: Symbol = Symbol("wait");
 
+pub(crate) const LOCAL_QUOTA: Symbol = Symbol("local_quota");
+
 /// Every option, in the order the docs list them.
-pub(crate) const OPTIONS: [Symbol; 15] = [
-    KEY, PREFIX, COUNT, PERIOD, BY, ALGORITHM, BURST, COST, FALLBACK, ON_ERROR, LIMITER, RULE,
-    SHADOW, CRATE, WAIT,
+pub(crate) const OPTIONS: [Symbol; 16] = [
+    KEY,
+    PREFIX,
+    COUNT,
+    PERIOD,
+    BY,
+    ALGORITHM,
+    BURST,
+    COST,
+    FALLBACK,
+    ON_ERROR,
+    LIMITER,
+    RULE,
+    SHADOW,
+    CRATE,
+    WAIT,
+    LOCAL_QUOTA,
 ];
+
+/// The algorithms a `local_quota` applies to (`Rule::with_local_quota`).
+pub(crate) const LOCAL_QUOTA_ALGORITHMS: [&str; 3] = ["fixed_window", "token_bucket", "gcra"];
 
 /// The algorithms: attribute name, `Algorithm` variant, whether it takes a
 /// `burst`. The runtime's registry is the source of truth; a test there

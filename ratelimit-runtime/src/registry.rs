@@ -165,7 +165,7 @@ fn apply(base: &Rule, change: &RuleOverride) -> Result<Rule, String> {
             base.algorithm().name()
         ));
     }
-    Rule::try_new(base.algorithm(), count, period, burst)
+    Rule::try_new(base.algorithm(), count, period, burst).map(|rule| rule.keeping_local_quota(base))
 }
 
 /// Sets (or replaces) the override of rule `name`, effective for the next call.

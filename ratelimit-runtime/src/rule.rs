@@ -85,6 +85,9 @@ pub struct Rule {
     count: u64,
     burst: u64,
     period_ms: u64,
+    /// The largest block of a local quota ([`Rule::with_local_quota`]); 0:
+    /// every check goes to the backend.
+    local_quota: u64,
 }
 
 impl Rule {
@@ -186,6 +189,7 @@ impl Rule {
             burst: count,
             // Whole milliseconds: the resolution Redis expires keys with.
             period_ms: period.as_millis() as u64,
+            local_quota: 0,
         };
         rule.check_burst_period();
         rule
@@ -235,6 +239,7 @@ impl Rule {
             count,
             burst,
             period_ms: period_ms as u64,
+            local_quota: 0,
         })
     }
 
@@ -268,6 +273,106 @@ impl Rule {
                 "burst × period (in µs) must be at most Rule::MAX_BURST_PERIOD_US (2^52) \
                  for token_bucket and gcra: use a shorter period or a smaller burst"
             );
+        }
+    }
+
+    /// The same rule served from local quotas, on Redis: each instance
+    /// takes a block of at most `max_block` units from the shared budget in
+    /// one call, and serves calls from it in process until it is spent or
+    /// its time is up. For hot keys (a global limit, one big tenant) that
+    /// would otherwise cost a Redis round trip per call.
+    ///
+    /// - Exact: units are taken from the shared budget before they are
+    ///   served, so the fleet never passes more than the rule allows (a
+    ///   `fixed_window` block is served only within the window it was taken
+    ///   in; a bucket's units are served at most a block's lifetime after
+    ///   they were taken).
+    /// - The price: units one instance holds while another is refused, at
+    ///   most `max_block` per instance and key (`instances × max_block`
+    ///   across the fleet). A block is sized to this instance's observed rate
+    ///   of calls (about a fortieth of the period's worth, between 1 and
+    ///   `max_block`), and lives a tenth of the period (10 ms to 1 s; a
+    ///   `fixed_window` block no longer than its window); what is left of it
+    ///   then is given back to the budget it was taken from.
+    /// - A key Redis refused is refused in process, without a round trip,
+    ///   until a call of that cost could pass (or for a block's lifetime,
+    ///   whichever is shorter: units others give back are found again).
+    /// - While Redis is down, a block already held is still spent; after
+    ///   that the rule's failure policy answers.
+    ///
+    /// In process memory (no Redis) every check is local already and this
+    /// does nothing; nor does it under several rules checked at once (the
+    /// set is checked all or nothing in Redis).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::Rule;
+    ///
+    /// // 100,000 searches a second for the whole fleet, in blocks of up to 500.
+    /// const SEARCH: Rule = Rule::fixed_window(100_000, Duration::from_secs(1)).with_local_quota(500);
+    /// assert_eq!(SEARCH.local_quota(), Some(500));
+    /// ```
+    ///
+    /// ```compile_fail
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::Rule;
+    ///
+    /// // A concurrency rule's units are held in flight, not spent: no quota.
+    /// const BROKEN: Rule = Rule::concurrency(10, Duration::from_secs(60)).with_local_quota(5);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `max_block` is 0 or over the rule's [`capacity`](Rule::capacity),
+    /// or the algorithm is not `fixed_window`, `token_bucket` or `gcra`: a
+    /// unit served later than it was counted would shift a sliding window
+    /// (`sliding_log`, `sliding_window`), and a `concurrency` rule's units
+    /// are held in flight, not spent. In a `const` this is a compile error.
+    pub const fn with_local_quota(self, max_block: u64) -> Rule {
+        assert!(
+            Rule::takes_local_quota(self.algorithm),
+            "a local quota applies to fixed_window, token_bucket and gcra rules only: \
+             a unit served later than it was counted would shift a sliding window, \
+             and a concurrency rule's units are held in flight, not spent"
+        );
+        assert!(
+            max_block >= 1,
+            "a local quota's block must be at least 1 unit"
+        );
+        assert!(
+            max_block <= self.capacity(),
+            "a local quota's block must be at most the rule's capacity (count, or burst)"
+        );
+        Rule {
+            local_quota: max_block,
+            ..self
+        }
+    }
+
+    /// Whether rules of `algorithm` may be served from local quotas.
+    pub(crate) const fn takes_local_quota(algorithm: Algorithm) -> bool {
+        matches!(
+            algorithm,
+            Algorithm::FixedWindow | Algorithm::TokenBucket | Algorithm::Gcra
+        )
+    }
+
+    /// The largest block of this rule's local quota, if it has one (see
+    /// [`with_local_quota`](Rule::with_local_quota)).
+    pub const fn local_quota(&self) -> Option<u64> {
+        if self.local_quota == 0 {
+            None
+        } else {
+            Some(self.local_quota)
+        }
+    }
+
+    /// This rule with `base`'s local quota, at most its own capacity (an
+    /// override of `base`'s numbers keeps its quota).
+    pub(crate) fn keeping_local_quota(self, base: &Rule) -> Rule {
+        Rule {
+            local_quota: base.local_quota.min(self.capacity()),
+            ..self
         }
     }
 

@@ -14,11 +14,15 @@ pub mod memory;
 #[cfg(feature = "redis")]
 mod over_limit;
 #[cfg(feature = "redis")]
+mod quota;
+#[cfg(feature = "redis")]
 pub mod redis;
 
 pub(crate) use failover::Failover;
 #[cfg(feature = "redis")]
 pub(crate) use over_limit::OverLimitCache;
+#[cfg(feature = "redis")]
+pub(crate) use quota::LocalQuotas;
 
 /// A store that checks and consumes rate-limit budgets.
 ///

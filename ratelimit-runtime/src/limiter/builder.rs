@@ -14,7 +14,7 @@ use crate::backend::redis::{
     ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, RedisBackend, RedisTarget,
 };
 #[cfg(feature = "redis")]
-use crate::backend::{Failover, OverLimitCache};
+use crate::backend::{Failover, LocalQuotas, OverLimitCache};
 use crate::clock::Clock;
 use crate::error::{Error, OnError};
 use crate::secret::KeySecret;
@@ -316,7 +316,12 @@ impl RateLimiterBuilder {
             redis.on_give_back(Box::new(move |key| cache.forget_key(key)));
         }
         let failover = Failover::new(redis, self.memory(clock), self.probe(), self.on_error);
-        Arc::new(failover.with_over_limit(over_limit))
+        let failover = failover.with_over_limit(over_limit);
+        // Rules with a local quota are served from blocks held in process.
+        let max_keys = self
+            .max_keys
+            .unwrap_or(crate::backend::memory::DEFAULT_MAX_KEYS);
+        Arc::new(LocalQuotas::new(failover, max_keys))
     }
 
     /// The in-process store, on the given clock or the system's.

@@ -31,6 +31,17 @@ async fn const_rule(q: &str) -> Result<usize, RateLimited> {
     Ok(q.len())
 }
 
+/// Served from local quotas on Redis: inline, and on a `const Rule`.
+#[rate_limit(key = "hot", count = 100_000, algorithm = gcra, burst = 1_000, local_quota = 500)]
+async fn hot() -> Result<(), RateLimited> {
+    Ok(())
+}
+
+#[rate_limit(key = "hot:search", rule = SEARCH, local_quota = 10)]
+async fn hot_const() -> Result<(), RateLimited> {
+    Ok(())
+}
+
 #[rate_limit(key = "g:{value}", count = 5)]
 async fn generic<T: Display + Send>(value: T) -> Result<String, RateLimited> {
     Ok(value.to_string())
