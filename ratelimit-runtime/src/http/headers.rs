@@ -54,7 +54,7 @@ const CONTENT_TYPE: &str = "content-type";
 
 /// Every field name this module writes, for adapters that keep their own
 /// header names made once.
-#[cfg(feature = "actix")]
+#[cfg(any(feature = "actix", feature = "tower"))]
 pub(crate) const FIELD_NAMES: [&str; 7] = [
     RATELIMIT_POLICY,
     RATELIMIT,
@@ -275,17 +275,42 @@ fn secs_up(d: Duration) -> u64 {
 
 /// A Structured Field list: each report's name as a string with two integer
 /// parameters (`"api";q=100;w=60, ...`).
+///
+/// Rendered in a per-thread buffer and copied once into a string of exactly
+/// its length: the `http` crates take such a string as the value's bytes
+/// without a second allocation.
 fn sf_list<'a>(
     reports: impl IntoIterator<Item = &'a Report>,
     params: impl Fn(&Report) -> [(&'static str, u64); 2],
 ) -> String {
-    let mut out = String::with_capacity(64);
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut out) => {
+            out.clear();
+            push_sf_list(&mut out, reports, params);
+            out.as_str().to_owned()
+        }
+        Err(_) => {
+            let mut out = String::new();
+            push_sf_list(&mut out, reports, params);
+            out
+        }
+    })
+}
+
+fn push_sf_list<'a>(
+    out: &mut String,
+    reports: impl IntoIterator<Item = &'a Report>,
+    params: impl Fn(&Report) -> [(&'static str, u64); 2],
+) {
     let mut digits = itoa::Buffer::new();
     for (i, report) in reports.into_iter().enumerate() {
         if i > 0 {
             out.push_str(", ");
         }
-        push_sf_string(&mut out, report.name);
+        push_sf_string(out, report.name);
         for (name, value) in params(report) {
             out.push(';');
             out.push_str(name);
@@ -293,7 +318,6 @@ fn sf_list<'a>(
             out.push_str(digits.format(value));
         }
     }
-    out
 }
 
 /// A Structured Field string: `"` and `\` escaped, anything but printable

@@ -34,7 +34,7 @@ pub use ::http::StatusCode;
 pub(crate) use handler::ReplyKind;
 #[cfg(any(feature = "actix", feature = "axum"))]
 pub use handler::{HttpCall, NoFallback, Reply};
-#[cfg(feature = "actix")]
+#[cfg(any(feature = "actix", feature = "tower"))]
 pub(crate) use headers::FIELD_NAMES;
 pub use headers::Refusal;
 pub(crate) use headers::{Field, rate_limit_headers, refusal};
@@ -139,6 +139,18 @@ pub enum UnknownClient {
     Shared,
 }
 
+/// The `http` names of [`FIELD_NAMES`], made once.
+#[cfg(feature = "tower")]
+static KNOWN_NAMES: [::http::HeaderName; 7] = [
+    ::http::HeaderName::from_static(FIELD_NAMES[0]),
+    ::http::HeaderName::from_static(FIELD_NAMES[1]),
+    ::http::HeaderName::from_static(FIELD_NAMES[2]),
+    ::http::HeaderName::from_static(FIELD_NAMES[3]),
+    ::http::HeaderName::from_static(FIELD_NAMES[4]),
+    ::http::HeaderName::from_static(FIELD_NAMES[5]),
+    ::http::HeaderName::from_static(FIELD_NAMES[6]),
+];
+
 /// Adds header fields to an `http` header map (axum's and tower's). A
 /// name in any case is sent lowercase; one that is not a field name (only
 /// possible from an app's own refusal, checked when configured) is left
@@ -150,7 +162,9 @@ pub(crate) fn append(headers: &mut ::http::HeaderMap, fields: Vec<Field>) {
             headers::bad_field(name);
             continue;
         };
-        let name = if headers::is_plain_name(name) {
+        let name = if let Some(at) = FIELD_NAMES.iter().position(|&known| known == name) {
+            KNOWN_NAMES[at].clone()
+        } else if headers::is_plain_name(name) {
             ::http::HeaderName::from_static(name)
         } else {
             match ::http::HeaderName::from_bytes(name.as_bytes()) {
