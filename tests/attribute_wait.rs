@@ -169,6 +169,66 @@ async fn a_call_that_cannot_go_in_time_is_refused_at_once() {
     assert!(refused.retry_after > Duration::from_secs(58), "{refused}");
 }
 
+/// `wait` with `fallback`: a call that can wait its turn waits and runs the
+/// body; one whose turn is beyond the wait gets the fallback, at once.
+#[tokio::test]
+async fn a_wait_that_cannot_be_met_calls_the_fallback() {
+    #[rate_limit(
+        key = "w_fallback",
+        count = 10,
+        algorithm = gcra,
+        burst = 1,
+        by = arg(who),
+        wait = "250ms",
+        fallback = busy
+    )]
+    async fn send(who: &str) -> String {
+        format!("sent {who}")
+    }
+    async fn busy(who: &str, limited: RateLimited) -> String {
+        assert!(!limited.is_backend_failure());
+        format!("busy {who}")
+    }
+    // Four at once, spaced 100 ms apart: the first goes at once, the second
+    // and third wait (100, 200 ms), the fourth's turn (300 ms) is beyond
+    // the wait: its fallback answers at once.
+    let started = Instant::now();
+    let timed = |n: u32| async move {
+        tokio::time::sleep(Duration::from_millis(u64::from(n))).await;
+        let answer = send("a").await;
+        (answer, started.elapsed())
+    };
+    let all = tokio::join!(timed(0), timed(1), timed(2), timed(3));
+    let mut all = [all.0, all.1, all.2, all.3];
+    all.sort_by_key(|(answer, _)| answer.clone());
+    let [busy, sent @ ..] = &all;
+    assert_eq!(busy.0, "busy a", "{all:?}");
+    assert!(busy.1 < Duration::from_millis(150), "at once: {all:?}");
+    assert!(sent.iter().all(|(answer, _)| answer == "sent a"), "{all:?}");
+    let last = sent.iter().map(|(_, at)| *at).max().unwrap();
+    assert!(
+        last >= Duration::from_millis(190),
+        "the others waited: {all:?}"
+    );
+    assert_eq!(send("b").await, "sent b", "another key's own budget");
+}
+
+/// `wait` with `shadow`: a shadow rule never refuses, so its calls never
+/// wait either: all of them run at once.
+#[tokio::test]
+async fn a_shadow_rule_with_wait_never_waits_nor_refuses() {
+    #[rate_limit(key = "w_shadow", count = 1, period = "1m", algorithm = gcra, shadow, wait = "10s")]
+    async fn trial() -> Result<(), RateLimited> {
+        Ok(())
+    }
+    let started = Instant::now();
+    for _ in 0..20 {
+        trial().await.expect("shadow never refuses");
+    }
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "nothing waited: {took:?}");
+}
+
 /// Run by the tests above in child processes; does nothing on its own.
 #[test]
 #[ignore = "a worker process of the fleet tests"]
