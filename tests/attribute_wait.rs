@@ -229,6 +229,51 @@ async fn a_shadow_rule_with_wait_never_waits_nor_refuses() {
     assert!(took < Duration::from_secs(2), "nothing waited: {took:?}");
 }
 
+/// `examples/outbound.rs`, built as the rest of the suite was (the
+/// workspace with every feature, so nothing is built again), run on a Redis
+/// of the harness: the fake third party answers all 20 paced calls of its
+/// two processes with 200, not one with 429.
+#[test]
+fn the_outbound_example_gets_no_429() {
+    let output = ratelimit_test_support::cargo(env!("CARGO"))
+        .args([
+            "build",
+            "--workspace",
+            "--all-features",
+            "--example",
+            "outbound",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .find(|line| line.contains(r#""name":"outbound""#) && line.contains(r#""executable":""#))
+        .expect("the example's artifact");
+    let path = line.split(r#""executable":""#).nth(1).unwrap();
+    let binary = std::path::PathBuf::from(&path[..path.find('"').unwrap()]);
+    let server = RedisServer::start();
+    let output = Command::new(&binary)
+        .env("REDIS_URL", server.url())
+        .env_remove("OUTBOUND_WORKER")
+        .output()
+        .expect("the example runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        text.contains("2 processes: 20 answered 200, 0 answered 429"),
+        "{text}"
+    );
+    assert!(!text.contains("refused"), "{text}");
+}
+
 /// Run by the tests above in child processes; does nothing on its own.
 #[test]
 #[ignore = "a worker process of the fleet tests"]
