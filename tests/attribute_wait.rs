@@ -169,6 +169,111 @@ async fn a_call_that_cannot_go_in_time_is_refused_at_once() {
     assert!(refused.retry_after > Duration::from_secs(58), "{refused}");
 }
 
+/// `wait` with `fallback`: a call that can wait its turn waits and runs the
+/// body; one whose turn is beyond the wait gets the fallback, at once.
+#[tokio::test]
+async fn a_wait_that_cannot_be_met_calls_the_fallback() {
+    #[rate_limit(
+        key = "w_fallback",
+        count = 10,
+        algorithm = gcra,
+        burst = 1,
+        by = arg(who),
+        wait = "250ms",
+        fallback = busy
+    )]
+    async fn send(who: &str) -> String {
+        format!("sent {who}")
+    }
+    async fn busy(who: &str, limited: RateLimited) -> String {
+        assert!(!limited.is_backend_failure());
+        format!("busy {who}")
+    }
+    // Four at once, spaced 100 ms apart: the first goes at once, the second
+    // and third wait (100, 200 ms), the fourth's turn (300 ms) is beyond
+    // the wait: its fallback answers at once.
+    let started = Instant::now();
+    let timed = |n: u32| async move {
+        tokio::time::sleep(Duration::from_millis(u64::from(n))).await;
+        let answer = send("a").await;
+        (answer, started.elapsed())
+    };
+    let all = tokio::join!(timed(0), timed(1), timed(2), timed(3));
+    let mut all = [all.0, all.1, all.2, all.3];
+    all.sort_by_key(|(answer, _)| answer.clone());
+    let [busy, sent @ ..] = &all;
+    assert_eq!(busy.0, "busy a", "{all:?}");
+    assert!(busy.1 < Duration::from_millis(150), "at once: {all:?}");
+    assert!(sent.iter().all(|(answer, _)| answer == "sent a"), "{all:?}");
+    let last = sent.iter().map(|(_, at)| *at).max().unwrap();
+    assert!(
+        last >= Duration::from_millis(190),
+        "the others waited: {all:?}"
+    );
+    assert_eq!(send("b").await, "sent b", "another key's own budget");
+}
+
+/// `wait` with `shadow`: a shadow rule never refuses, so its calls never
+/// wait either: all of them run at once.
+#[tokio::test]
+async fn a_shadow_rule_with_wait_never_waits_nor_refuses() {
+    #[rate_limit(key = "w_shadow", count = 1, period = "1m", algorithm = gcra, shadow, wait = "10s")]
+    async fn trial() -> Result<(), RateLimited> {
+        Ok(())
+    }
+    let started = Instant::now();
+    for _ in 0..20 {
+        trial().await.expect("shadow never refuses");
+    }
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "nothing waited: {took:?}");
+}
+
+/// `examples/outbound.rs`, built as the rest of the suite was (the
+/// workspace with every feature, so nothing is built again), run on a Redis
+/// of the harness: the fake third party answers all 20 paced calls of its
+/// two processes with 200, not one with 429.
+#[test]
+fn the_outbound_example_gets_no_429() {
+    let output = ratelimit_test_support::cargo(env!("CARGO"))
+        .args([
+            "build",
+            "--workspace",
+            "--all-features",
+            "--example",
+            "outbound",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .find(|line| line.contains(r#""name":"outbound""#) && line.contains(r#""executable":""#))
+        .expect("the example's artifact");
+    let path = line.split(r#""executable":""#).nth(1).unwrap();
+    let binary = std::path::PathBuf::from(&path[..path.find('"').unwrap()]);
+    let server = RedisServer::start();
+    let output = Command::new(&binary)
+        .env("REDIS_URL", server.url())
+        .env_remove("OUTBOUND_WORKER")
+        .output()
+        .expect("the example runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        text.contains("2 processes: 20 answered 200, 0 answered 429"),
+        "{text}"
+    );
+    assert!(!text.contains("refused"), "{text}");
+}
+
 /// Run by the tests above in child processes; does nothing on its own.
 #[test]
 #[ignore = "a worker process of the fleet tests"]

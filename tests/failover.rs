@@ -3,6 +3,8 @@
 //! breaker spares it calls while it fails, and what the insurance limiter
 //! took is given back there.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -186,4 +188,87 @@ async fn each_rules_policy_decides_for_a_custom_backend_until_it_answers() {
             "the backend decides again"
         );
     }
+}
+
+/// A backend that keeps no turns: it allows the first `count` calls of a
+/// rule and refuses the rest, for a minute.
+#[derive(Debug, Clone, Default)]
+struct Counting {
+    calls: Arc<AtomicUsize>,
+}
+
+impl Counting {
+    fn answer(&self, rule: &Rule) -> Result<Decision, Error> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) as u64 + 1;
+        let allowed = n <= rule.count();
+        Ok(Decision {
+            allowed,
+            limit: rule.count(),
+            remaining: rule.count().saturating_sub(n),
+            reset_after: Duration::from_secs(60),
+            retry_after: if allowed {
+                Duration::ZERO
+            } else {
+                Duration::from_secs(60)
+            },
+        })
+    }
+}
+
+impl Backend for Counting {
+    async fn check(&self, rule: &Rule, _key: &str, _cost: u64) -> Result<Decision, Error> {
+        self.answer(rule)
+    }
+}
+
+#[rate_limit(key = "c_wait", by = arg(user), count = 2, period = 60, algorithm = gcra, limiter = "counting", wait = "5s")]
+async fn waits_on_a_custom_backend(user: &str) -> Result<(), RateLimited> {
+    Ok(())
+}
+
+/// A custom backend cannot reserve a turn: a `wait` rule on it checks its
+/// calls without waiting, so a call over the limit is refused with its
+/// `RateLimited` (it used to pass unchecked, with an error logged with the
+/// key on every call); that is said once, without the key.
+/// `until_ready` itself answers `Unsupported`.
+#[tokio::test]
+async fn a_wait_on_a_custom_backend_checks_without_waiting() {
+    let logs = common::Logs::default();
+    let _scope = tracing::subscriber::set_default(
+        logs.subscriber(tracing_subscriber::filter::LevelFilter::INFO),
+    );
+    let counting = Counting::default();
+    let limiter = RateLimiter::builder()
+        .backend(counting.clone())
+        .build()
+        .await
+        .unwrap();
+    const GCRA: Rule = Rule::gcra(2, Duration::from_secs(60));
+    assert!(matches!(
+        limiter
+            .until_ready(&GCRA, "k", 1, Duration::from_secs(1))
+            .await,
+        Err(Error::Unsupported(_))
+    ));
+    limiter.install_as("counting").unwrap();
+
+    let start = Instant::now();
+    assert!(waits_on_a_custom_backend("user-7").await.is_ok());
+    assert!(waits_on_a_custom_backend("user-7").await.is_ok());
+    for _ in 0..5 {
+        let refused = waits_on_a_custom_backend("user-7").await.unwrap_err();
+        assert!(!refused.is_backend_failure(), "{refused:?}");
+        assert_eq!(refused.retry_after, Duration::from_secs(60));
+    }
+    assert!(start.elapsed() < Duration::from_secs(3), "nothing waited");
+    assert_eq!(counting.calls.load(Ordering::SeqCst), 7);
+
+    let logged = logs.text();
+    assert_eq!(
+        logged.matches("cannot reserve a turn").count(),
+        1,
+        "{logged}"
+    );
+    assert!(!logged.contains("user-7"), "no key in the log: {logged}");
+    assert!(!logged.contains("ERROR"), "{logged}");
 }

@@ -307,6 +307,60 @@ async fn a_wait_that_cannot_be_met_is_refused_at_once() {
     }
 }
 
+/// `until_ready_with_jitter` adds its random pause after the turn: a call
+/// never goes before its reserved time, nor later than the turn plus the
+/// jitter (with a margin for a busy machine), and the pauses do vary; only
+/// `max_wait` decides, so a wait that cannot be met is refused at once
+/// however large the jitter.
+#[tokio::test]
+async fn jitter_comes_after_the_turn_and_never_decides() {
+    const TENTHS: Rule = Rule::gcra(10, Duration::from_secs(1)).with_burst(1);
+    let (turn, jitter) = (Duration::from_millis(100), Duration::from_millis(300));
+    let limiter = RateLimiter::in_memory();
+    let mut extra = Vec::new();
+    for sample in 0..6 {
+        let key = format!("limiter:jitter:{sample}");
+        let started = Instant::now();
+        let first = limiter.until_ready(&TENTHS, &key, 1, Duration::ZERO).await;
+        assert!(first.unwrap().allowed);
+        let go = limiter
+            .until_ready_with_jitter(&TENTHS, &key, 1, turn, jitter)
+            .await
+            .unwrap();
+        assert!(go.allowed);
+        let took = started.elapsed();
+        assert!(took >= turn, "never before its turn: {took:?}");
+        assert!(
+            took < turn + jitter + Duration::from_millis(300),
+            "at most the turn plus the jitter: {took:?}"
+        );
+        extra.push(took - turn);
+    }
+    let most = extra.iter().max().unwrap();
+    assert!(*most > Duration::from_millis(20), "jitter added: {extra:?}");
+
+    let key = "limiter:jitter:late";
+    let first = limiter.until_ready(&TENTHS, key, 1, Duration::ZERO).await;
+    assert!(first.unwrap().allowed);
+    let started = Instant::now();
+    let refused = limiter
+        .until_ready_with_jitter(
+            &TENTHS,
+            key,
+            1,
+            Duration::from_millis(10),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert!(!refused.allowed, "{refused:?}");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(60),
+        "refused at once: {took:?}"
+    );
+}
+
 /// A caller that stops waiting (an outer timeout drops its future) gives
 /// its slot back: the next caller is served when it would have been.
 #[tokio::test]
@@ -375,7 +429,19 @@ async fn a_dead_redis_answers_a_wait_by_the_policy_at_once() {
     };
     let deny = build(OnError::Deny).await.unwrap();
     let local = build(OnError::Local).await.unwrap();
+    let allow = build(OnError::Allow).await.unwrap();
     server.kill();
+    // `allow`: every call goes at once, unchecked.
+    let started = Instant::now();
+    for _ in 0..5 {
+        let go = allow
+            .until_ready(&PACED, "limiter:dead", 1, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(go.allowed, "{go:?}");
+    }
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(500), "at once: {took:?}");
     let started = Instant::now();
     let error = deny
         .until_ready(&PACED, "limiter:dead", 1, Duration::from_secs(5))
@@ -401,32 +467,18 @@ async fn a_dead_redis_answers_a_wait_by_the_policy_at_once() {
 /// The time calls waited, through the `metrics` facade: one sample per call
 /// that went (labelled with the rule's name from the attribute), zero for
 /// one that went at once; a refusal is none.
-#[tokio::test]
-async fn the_time_spent_waiting_is_a_histogram() {
+/// The recorder is this test's thread's alone (on a current-thread
+/// runtime), so no other test adds samples.
+#[test]
+fn the_time_spent_waiting_is_a_histogram() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    recorder.install().expect("the only recorder of this test");
-
-    #[ratelimit_runtime::rate_limit(key = "metered", count = 4, algorithm = gcra, burst = 1, wait = "1s")]
-    async fn metered() -> Result<(), ratelimit_runtime::RateLimited> {
-        Ok(())
-    }
-    let limiter = RateLimiter::in_memory();
-    for _ in 0..2 {
-        let go = limiter
-            .until_ready(&PACED, "limiter:metered", 1, Duration::from_secs(1))
-            .await
-            .unwrap();
-        assert!(go.allowed);
-    }
-    let refused = limiter
-        .until_ready(&PACED, "limiter:metered", 1, Duration::ZERO)
-        .await
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
         .unwrap();
-    assert!(!refused.allowed);
-    metered().await.unwrap();
-    metered().await.unwrap();
+    metrics::with_local_recorder(&recorder, || runtime.block_on(waits_metered()));
 
     let (mut plain, mut by_rule) = (Vec::new(), Vec::new());
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
@@ -447,4 +499,28 @@ async fn the_time_spent_waiting_is_a_histogram() {
         assert_eq!(samples[0], 0.0, "the first went at once");
         assert!((0.2..0.5).contains(&samples[1]), "{samples:?}");
     }
+}
+
+/// Two waits through `until_ready` and two through the attribute, each
+/// one at once and one after waiting its turn; and one refusal.
+async fn waits_metered() {
+    #[ratelimit_runtime::rate_limit(key = "metered", count = 4, algorithm = gcra, burst = 1, wait = "1s")]
+    async fn metered() -> Result<(), ratelimit_runtime::RateLimited> {
+        Ok(())
+    }
+    let limiter = RateLimiter::in_memory();
+    for _ in 0..2 {
+        let go = limiter
+            .until_ready(&PACED, "limiter:metered", 1, Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert!(go.allowed);
+    }
+    let refused = limiter
+        .until_ready(&PACED, "limiter:metered", 1, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(!refused.allowed);
+    metered().await.unwrap();
+    metered().await.unwrap();
 }

@@ -77,7 +77,10 @@ use proc_macro::TokenStream;
 ///   Needs `algorithm = gcra` or `token_bucket` (a window or `concurrency`
 ///   keeps no turn to reserve); a compile error on an HTTP handler (its
 ///   client would wait on an open connection: refuse with 429 instead) and
-///   on stacked rules. See `RateLimiter::until_ready`.
+///   on stacked rules. On a limiter with a custom `Backend` (it keeps no
+///   turns) calls are checked without waiting, as in shadow mode: one over
+///   the limit is refused (a `tracing` warning says so once). See
+///   `RateLimiter::until_ready`.
 /// - `local_quota = N`: on Redis, each instance takes blocks of up to `N`
 ///   units from the shared budget in one call and serves calls from them in
 ///   process (`Rule::with_local_quota`), for hot keys. `fixed_window`,

@@ -110,6 +110,8 @@ mod keys;
 mod limiter;
 mod log_gate;
 pub mod overrides;
+#[cfg(feature = "tower")]
+pub mod pace;
 mod pipeline;
 mod registry;
 mod rule;

@@ -101,12 +101,44 @@ pub(crate) async fn check_on(
         Some(wait) if !shadow && crate::algorithm::spec(rule.algorithm()).wait.is_some() => {
             let jitter = std::time::Duration::ZERO;
             let cost = site.cost;
-            Box::pin(limiter.wait_turn(&rule, key, cost, wait, jitter, on_error, Some(site.name)))
-                .await
+            match Box::pin(limiter.wait_turn(
+                &rule,
+                key,
+                cost,
+                wait,
+                jitter,
+                on_error,
+                Some(site.name),
+            ))
+            .await
+            {
+                // The store keeps no turns (a custom backend): the call is
+                // checked without waiting, as in shadow mode.
+                Err(Error::Unsupported(_)) => {
+                    cannot_wait(site, limiter);
+                    limiter.acquire_with(&rule, key, site.cost, on_error).await
+                }
+                answer => answer,
+            }
         }
         _ => limiter.acquire_with(&rule, key, site.cost, on_error).await,
     };
     conclude(site, &rule, shadow, key, answer)
+}
+
+/// Says once per process that a rule's `wait` is not kept, because the
+/// limiter's store (a custom backend) cannot reserve a turn; its calls are
+/// checked without waiting.
+fn cannot_wait(site: &Site, limiter: &RateLimiter) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            rule = site.name,
+            backend = limiter.backend_name(),
+            "this limiter's backend cannot reserve a turn, so `wait` is not kept: calls are \
+             checked without waiting (one over the limit is refused); logged once"
+        );
+    }
 }
 
 /// [`check_on`] answered without waiting, when `limiter` keeps its budgets

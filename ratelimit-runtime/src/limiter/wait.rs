@@ -60,7 +60,9 @@ impl RateLimiter {
     /// # Errors
     ///
     /// [`Error::Unsupported`] under a window or concurrency rule (they keep
-    /// no future slot to reserve) and on a custom backend;
+    /// no future slot to reserve) and on a custom backend (it keeps no
+    /// turns; the attribute's `wait` checks its calls there without
+    /// waiting);
     /// [`Error::InvalidCost`] as [`check_cost`](RateLimiter::check_cost);
     /// [`Error::Backend`] when the backend failed and the policy is `deny`.
     pub async fn until_ready(

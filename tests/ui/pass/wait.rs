@@ -1,4 +1,6 @@
-// `wait` on plain async fns: inline bucket rules and a `const Rule`.
+// `wait` on plain async fns: inline bucket rules and a `const Rule`; and
+// with every option it goes with: fallback, by = arg, prefix, a named
+// limiter, shadow, methods (`&self`), local_quota.
 use std::time::Duration;
 
 use ratelimit_runtime::{rate_limit, RateLimited, Rule};
@@ -20,6 +22,39 @@ async fn constant() -> Result<(), RateLimited> {
     Ok(())
 }
 
+struct Partner {
+    id: u64,
+}
+
+impl Partner {
+    #[rate_limit(
+        key = "partner:{self.id}",
+        prefix = "out:",
+        count = 10,
+        algorithm = gcra,
+        by = arg(user),
+        limiter = "outbound",
+        fallback = Self::busy,
+        local_quota = 5,
+        wait = "1s"
+    )]
+    async fn call(&self, user: &str) -> Result<String, RateLimited> {
+        Ok(format!("{}:{user}", self.id))
+    }
+
+    async fn busy(&self, user: &str, limited: RateLimited) -> Result<String, RateLimited> {
+        let _ = user;
+        Err(limited)
+    }
+
+    #[rate_limit(key = "trial", count = 2, algorithm = token_bucket, shadow, wait = 2)]
+    async fn trial(&self) -> Result<u64, RateLimited> {
+        Ok(self.id)
+    }
+}
+
 fn main() {
+    let partner = Partner { id: 1 };
     let _ = (paced(), per_tenant("t"), constant());
+    let _ = (partner.call("u"), partner.trial());
 }
