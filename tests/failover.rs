@@ -272,3 +272,42 @@ async fn a_wait_on_a_custom_backend_checks_without_waiting() {
     assert!(!logged.contains("user-7"), "no key in the log: {logged}");
     assert!(!logged.contains("ERROR"), "{logged}");
 }
+
+/// A store that cannot reserve turns does not use up the breaker's probe:
+/// after an outage, a limiter asked to wait (which checks without waiting
+/// on a custom backend) still lets the next call probe, and the circuit
+/// closes. (The reservation used to take the probe slot and give nothing
+/// back, so a limiter serving `wait` calls stayed on its failure policy.)
+#[tokio::test]
+async fn a_wait_on_a_custom_backend_leaves_the_probe_to_the_next_call() {
+    const PACED: Rule = Rule::gcra(10, Duration::from_secs(1));
+    let flaky = Flaky::default();
+    let limiter = RateLimiter::builder()
+        .backend(flaky.clone())
+        .probe_interval(Duration::from_millis(50))
+        .build()
+        .await
+        .unwrap();
+    flaky.down.store(true, Ordering::SeqCst);
+    for _ in 0..3 {
+        let _ = limiter.check(&PACED, "p").await;
+    }
+    let failed = flaky.calls();
+    assert!(limiter.check(&PACED, "p").await.is_ok());
+    assert_eq!(flaky.calls(), failed, "the circuit is open");
+
+    flaky.down.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert!(matches!(
+        limiter
+            .until_ready(&PACED, "p", 1, Duration::from_secs(1))
+            .await,
+        Err(Error::Unsupported(_))
+    ));
+    let probe = limiter.check(&PACED, "p").await.unwrap();
+    assert_eq!(
+        (probe.remaining, flaky.calls()),
+        (42, failed + 1),
+        "the call after the wait probes the backend, which answers"
+    );
+}

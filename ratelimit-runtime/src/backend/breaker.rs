@@ -67,6 +67,15 @@ impl Breaker {
                 .is_ok()
     }
 
+    /// Hands back the probe slot [`allow`](Self::allow) gave a call that
+    /// never reached the backend (a store that cannot reserve turns), so
+    /// the next call probes at once instead of after another interval.
+    pub(crate) fn forgo_probe(&self) {
+        if self.open.load(Ordering::Relaxed) {
+            self.next_probe_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn succeeded(&self) {
         if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Relaxed);

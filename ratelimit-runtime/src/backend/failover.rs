@@ -296,6 +296,12 @@ impl<B: Backend> Backend for Failover<B> {
                     OnError::Deny => Err(error),
                 }
             }
+            // The store keeps no turns: nothing reached it, so the probe
+            // the breaker gave this call goes to the next one.
+            Err(error @ Error::Unsupported(_)) => {
+                self.breaker.forgo_probe();
+                Err(error)
+            }
             Err(error) => Err(error),
         }
     }
