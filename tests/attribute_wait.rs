@@ -7,6 +7,8 @@
 //! The workers are this test binary run again: the ignored test `worker`,
 //! told what to do through `RATELIMIT_WAIT_WORKER`.
 
+mod common;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -235,30 +237,7 @@ async fn a_shadow_rule_with_wait_never_waits_nor_refuses() {
 /// two processes with 200, not one with 429.
 #[test]
 fn the_outbound_example_gets_no_429() {
-    let output = ratelimit_test_support::cargo(env!("CARGO"))
-        .args([
-            "build",
-            "--workspace",
-            "--all-features",
-            "--example",
-            "outbound",
-            "--message-format=json-render-diagnostics",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout
-        .lines()
-        .find(|line| line.contains(r#""name":"outbound""#) && line.contains(r#""executable":""#))
-        .expect("the example's artifact");
-    let path = line.split(r#""executable":""#).nth(1).unwrap();
-    let binary = std::path::PathBuf::from(&path[..path.find('"').unwrap()]);
+    let binary = common::example_binary("outbound");
     let server = RedisServer::start();
     let output = Command::new(&binary)
         .env("REDIS_URL", server.url())

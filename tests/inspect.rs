@@ -34,32 +34,7 @@ async fn api() -> impl IntoResponse {
 /// the workspace with every feature, so nothing is built again).
 fn inspect_binary() -> &'static PathBuf {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        let output = ratelimit_test_support::cargo(env!("CARGO"))
-            .args([
-                "build",
-                "--workspace",
-                "--all-features",
-                "--example",
-                "inspect",
-                "--message-format=json-render-diagnostics",
-            ])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .expect("cargo runs");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let line = stdout
-            .lines()
-            .find(|line| line.contains(r#""name":"inspect""#) && line.contains(r#""executable":""#))
-            .expect("the example's artifact");
-        let path = line.split(r#""executable":""#).nth(1).unwrap();
-        PathBuf::from(&path[..path.find('"').unwrap()])
-    })
+    BINARY.get_or_init(|| common::example_binary("inspect"))
 }
 
 /// The key secret the server and the example share, as instances do.

@@ -572,32 +572,7 @@ async fn a_set_fails_over_as_a_single_check_does() {
 /// the others, and both stores answer alike.
 #[test]
 fn the_hierarchical_example_runs_in_memory_and_on_redis() {
-    let output = ratelimit_test_support::cargo(env!("CARGO"))
-        .args([
-            "build",
-            "--workspace",
-            "--all-features",
-            "--example",
-            "hierarchical",
-            "--message-format=json-render-diagnostics",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout
-        .lines()
-        .find(|line| {
-            line.contains(r#""name":"hierarchical""#) && line.contains(r#""executable":""#)
-        })
-        .expect("the example's artifact");
-    let path = line.split(r#""executable":""#).nth(1).unwrap();
-    let binary = std::path::PathBuf::from(&path[..path.find('"').unwrap()]);
+    let binary = common::example_binary("hierarchical");
     let run = |redis: Option<String>| {
         let mut command = std::process::Command::new(&binary);
         command.env_remove("REDIS_URL");

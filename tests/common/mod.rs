@@ -489,3 +489,33 @@ macro_rules! serve_actix {
     }};
 }
 pub(crate) use serve_actix;
+
+/// The executable of `examples/<name>.rs`, built as the rest of the suite
+/// was (the workspace with every feature, so nothing is built again).
+pub fn example_binary(name: &str) -> std::path::PathBuf {
+    let output = ratelimit_test_support::cargo(env!("CARGO"))
+        .args([
+            "build",
+            "--workspace",
+            "--all-features",
+            "--example",
+            name,
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let artifact = format!(r#""name":"{name}""#);
+    let line = stdout
+        .lines()
+        .find(|line| line.contains(&artifact) && line.contains(r#""executable":""#))
+        .expect("the example's artifact");
+    let path = line.split(r#""executable":""#).nth(1).unwrap();
+    std::path::PathBuf::from(&path[..path.find('"').unwrap()])
+}
