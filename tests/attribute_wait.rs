@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ratelimit_runtime::{RateLimited, RateLimiter, rate_limit};
@@ -99,19 +99,11 @@ fn fleet(target: &str, bucket: bool) -> Vec<Result<u64, RateLimited>> {
     let start_at = unix_us() / 1000 + 1_500;
     let children: Vec<_> = (0..2)
         .map(|_| {
-            Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "worker",
-                    "--exact",
-                    "--ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(WORKER_ENV, format!("{target} {bucket} {start_at}"))
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .unwrap()
+            common::worker(
+                "worker",
+                WORKER_ENV,
+                format!("{target} {bucket} {start_at}"),
+            )
         })
         .collect();
     let mut results = Vec::new();

@@ -11,7 +11,8 @@
 //! and `set_worker`, told what to do through `RATELIMIT_EXACTNESS_WORKER`
 //! and `RATELIMIT_EXACTNESS_SETS_WORKER`.
 
-use std::process::{Command, Stdio};
+mod common;
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ratelimit_runtime::{Algorithm, RateLimiter, Rule};
@@ -48,22 +49,11 @@ fn hammer(algorithm: Algorithm) -> Vec<Report> {
     let start_at = unix_ms() + 1_500;
     let children: Vec<_> = (0..2)
         .map(|_| {
-            Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "worker",
-                    "--exact",
-                    "--ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(
-                    WORKER_ENV,
-                    format!("{} {} {start_at}", server.url(), algorithm.name()),
-                )
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("running this test binary as a worker")
+            common::worker(
+                "worker",
+                WORKER_ENV,
+                format!("{} {} {start_at}", server.url(), algorithm.name()),
+            )
         })
         .collect();
     let reports = children
@@ -266,21 +256,7 @@ fn sets_across_processes(run: &SetRun, exact: u64) {
         run.user_keys.join(" ")
     );
     let children: Vec<_> = (0..2)
-        .map(|_| {
-            Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "set_worker",
-                    "--exact",
-                    "--ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(SETS_ENV, &spec)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("running this test binary as a worker")
-        })
+        .map(|_| common::worker("set_worker", SETS_ENV, &spec))
         .collect();
     let mut by_user = [0u64; USERS];
     for child in children {

@@ -8,7 +8,8 @@
 //! The workers are this test binary run again: the ignored test `worker`,
 //! told what to do through `RATELIMIT_QUOTA_WORKER`.
 
-use std::process::{Command, Stdio};
+mod common;
+
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ratelimit_runtime::{Algorithm, Error, OnError, RateLimiter, Rule};
@@ -68,22 +69,11 @@ fn exact_across_processes(algorithm: Algorithm) {
     let before = script_calls(&server);
     let children: Vec<_> = (0..2)
         .map(|_| {
-            Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "worker",
-                    "--exact",
-                    "--ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(
-                    WORKER_ENV,
-                    format!("{} {} {start_at}", server.url(), algorithm.name()),
-                )
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("running this test binary as a worker")
+            common::worker(
+                "worker",
+                WORKER_ENV,
+                format!("{} {} {start_at}", server.url(), algorithm.name()),
+            )
         })
         .collect();
     let (mut passed, mut checks) = (0u64, 0u64);

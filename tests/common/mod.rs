@@ -519,3 +519,22 @@ pub fn example_binary(name: &str) -> std::path::PathBuf {
     let path = line.split(r#""executable":""#).nth(1).unwrap();
     std::path::PathBuf::from(&path[..path.find('"').unwrap()])
 }
+
+/// This test binary run again as a worker process: only the ignored test
+/// `test`, told what to do through the environment variable `env`; its
+/// standard output piped back (its report), its errors shown.
+pub fn worker(test: &str, env: &str, value: impl AsRef<std::ffi::OsStr>) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            test,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(env, value)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("running this test binary as a worker")
+}
