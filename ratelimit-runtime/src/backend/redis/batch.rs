@@ -9,14 +9,16 @@ use std::time::Duration;
 use tokio::sync::{OwnedMutexGuard, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::codec::{self, Call, Op, Ran, TimeSource};
+use super::codec::{self, Call, Op, Ran};
 use super::connection::{
     Busy, Conn, Endpoint, LATE_ANSWER, call_script, functions_refused, not_run, not_sent,
     script_call,
 };
-use super::give_back::{self, Delivered, Settled};
+use super::give_back::Delivered;
 use super::nodes;
 use super::scripts::Scripts;
+pub(super) use super::settle::give_back;
+use super::settle::settle;
 use super::{Expired, RedisBackend, Stopped, TimedOut};
 use crate::algorithm::Outcome;
 use crate::backend::StoredKey;
@@ -34,7 +36,7 @@ pub(super) const IN_FLIGHT: usize = 8;
 
 /// What a release's caller is told once its batch ran (the script answers
 /// checks only).
-const RELEASED: Outcome = Outcome {
+pub(super) const RELEASED: Outcome = Outcome {
     allowed: true,
     remaining: 0,
     reset_after_us: 0,
@@ -45,18 +47,37 @@ const RELEASED: Outcome = Outcome {
 pub(super) type AnswerRx = oneshot::Receiver<Result<Delivered, Error>>;
 
 /// Where a job's answer goes.
-type AnswerTx = oneshot::Sender<Result<Delivered, Error>>;
+pub(super) type AnswerTx = oneshot::Sender<Result<Delivered, Error>>;
+
+/// What waits in the queue: one job, or a set of rules' checks (one unit of
+/// a batch, all or nothing: see `lua/batch.lua`), which no batch splits.
+pub(super) enum Unit {
+    /// A check (or release) of its own.
+    One(Job),
+    /// The checks of one call under several rules, each a member of the
+    /// same set ([`Call::in_set`]).
+    Set(Vec<Job>),
+}
+
+impl Unit {
+    fn add_to(self, jobs: &mut Vec<Job>) {
+        match self {
+            Unit::One(job) => jobs.push(job),
+            Unit::Set(set) => jobs.extend(set),
+        }
+    }
+}
 
 /// One check (or release) waiting to be sent in a batch.
 pub(super) struct Job {
     pub(super) key: StoredKey,
-    call: Call,
+    pub(super) call: Call,
     /// When its caller stops waiting: the batch task answers it `TimedOut`
     /// by then (so a check costs no timer of its own where that task is sure
     /// to run, see [`Home`]; a batch has one).
-    deadline: Instant,
+    pub(super) deadline: Instant,
     /// Taken when the answer is given.
-    reply: Option<AnswerTx>,
+    pub(super) reply: Option<AnswerTx>,
 }
 
 impl Job {
@@ -114,9 +135,9 @@ impl Job {
 /// failed from then on).
 #[derive(Clone)]
 pub(super) struct Batching {
-    pub(super) queue: mpsc::UnboundedSender<Job>,
+    pub(super) queue: mpsc::UnboundedSender<Unit>,
     /// The queue's receiving end, held by the running task.
-    pub(super) jobs: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Job>>>,
+    pub(super) jobs: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Unit>>>,
     /// Whether the task runs (cleared when it ends, or is dropped with its
     /// runtime).
     pub(super) running: Arc<AtomicBool>,
@@ -200,7 +221,7 @@ impl Batching {
 /// flag cleared and starts a new task (see [`RedisBackend::queued`]).
 pub(super) struct Running {
     flag: Arc<AtomicBool>,
-    queue: Option<OwnedMutexGuard<mpsc::UnboundedReceiver<Job>>>,
+    queue: Option<OwnedMutexGuard<mpsc::UnboundedReceiver<Unit>>>,
 }
 
 impl Drop for Running {
@@ -219,7 +240,7 @@ impl Drop for Running {
 /// `EVALSHA`, at most [`IN_FLIGHT`] at a time. Ends when every clone of the
 /// backend is gone.
 pub(super) async fn run_batches(
-    queue: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Job>>>,
+    queue: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Unit>>>,
     running: Running,
     conn: Arc<Conn>,
     scripts: Arc<Scripts>,
@@ -234,17 +255,19 @@ pub(super) async fn run_batches(
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             return;
         };
-        let mut jobs = Vec::with_capacity(16);
-        if queue.recv_many(&mut jobs, MAX_BATCH).await == 0 {
+        let mut units = Vec::with_capacity(16);
+        if queue.recv_many(&mut units, MAX_BATCH).await == 0 {
             return;
         }
+        let mut jobs = Vec::with_capacity(units.len());
+        units.into_iter().for_each(|unit| unit.add_to(&mut jobs));
         // Let the tasks just woken by the last answer queue their next
         // checks before this batch leaves (a lone check waits for one yield;
         // under load batches come out several times larger).
         tokio::task::yield_now().await;
         while jobs.len() < MAX_BATCH {
             match queue.try_recv() {
-                Ok(job) => jobs.push(job),
+                Ok(unit) => unit.add_to(&mut jobs),
                 Err(_) => break,
             }
         }
@@ -263,21 +286,47 @@ pub(super) async fn run_batches(
 
 /// Jobs in the groups that go in one script call each: all of them on a
 /// single server; on a cluster, one group per master by the slot map, or
-/// each alone where no map is known (see [`nodes`]).
+/// each alone where no map is known (see [`nodes`]). A set's members stay
+/// together, in the group of its first member's master.
 pub(super) fn by_call(jobs: Vec<Job>, conn: &Conn) -> Vec<Vec<Job>> {
     if !matches!(conn.endpoint, Endpoint::Cluster(_)) {
         return vec![jobs];
     }
-    match conn.slot_map() {
-        Some(map) => nodes::by_master(jobs, &map, |job| job.key.as_bytes()),
-        None => jobs.into_iter().map(|job| vec![job]).collect(),
+    let map = conn.slot_map();
+    if jobs.iter().all(|job| job.call.set == 0) {
+        return match map {
+            Some(map) => nodes::by_master(jobs, &map, |job| job.key.as_bytes()),
+            None => jobs.into_iter().map(|job| vec![job]).collect(),
+        };
+    }
+    let mut units: Vec<Vec<Job>> = Vec::with_capacity(jobs.len());
+    let mut sets: Vec<(u32, usize)> = Vec::new();
+    for job in jobs {
+        let set = job.call.set;
+        match sets.iter().find(|(s, _)| set != 0 && *s == set) {
+            Some(&(_, at)) => units[at].push(job),
+            None => {
+                if set != 0 {
+                    sets.push((set, units.len()));
+                }
+                units.push(vec![job]);
+            }
+        }
+    }
+    match map {
+        Some(map) => nodes::by_master(units, &map, |unit| unit[0].key.as_bytes())
+            .into_iter()
+            .map(|group| group.into_iter().flatten().collect())
+            .collect(),
+        None => units,
     }
 }
 
 /// A cluster master answered that a key of its batch is not its own (the
-/// slot map was out of date): nothing of the batch ran.
+/// slot map was out of date): nothing of the batch ran. A set of rules met
+/// by it is answered so, and its caller sends it by itself.
 #[derive(Debug)]
-struct NotHere;
+pub(super) struct NotHere;
 
 impl fmt::Display for NotHere {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -459,179 +508,6 @@ pub(super) async fn send_batch(
         return;
     };
     settle(reply, &wire, checks, replies, conn, scripts, timeout);
-}
-
-/// Hands each caller still waiting its answer from a batch's `reply`, and
-/// gives back what an allowed check took for a caller no longer waiting.
-fn settle(
-    reply: Result<Vec<u8>, Error>,
-    wire: &Arc<[(StoredKey, Call)]>,
-    checks: usize,
-    replies: Vec<(Instant, Option<AnswerTx>)>,
-    conn: &Arc<Conn>,
-    scripts: &Arc<Scripts>,
-    timeout: Duration,
-) {
-    if let Err(Error::Backend(error)) = &reply
-        && error.is::<NotHere>()
-    {
-        let jobs = wire.iter().zip(replies);
-        send_alone(
-            jobs.map(|((key, call), sent)| (key, call, sent)),
-            conn,
-            scripts,
-            timeout,
-        );
-        return;
-    }
-    match reply.and_then(|reply| codec::decode(&reply, checks)) {
-        Ok((answers, server_time)) => {
-            if let Some(time) = server_time {
-                conn.saw_server_time(time);
-            }
-            // The checks' answers, in order; the releases after them get none.
-            let mut answers = answers.into_iter();
-            let mut give_backs = Vec::new();
-            let mut refused = Vec::new();
-            // Made for the first answer that may be left unread.
-            let mut batch: Option<Arc<Settled>> = None;
-            for (i, ((key, call), (deadline, reply))) in wire.iter().zip(replies).enumerate() {
-                let answer = answers.next().unwrap_or(codec::ScriptAnswer::Ran(RELEASED));
-                let now = match call.clock {
-                    TimeSource::Server => server_time,
-                    TimeSource::Fixed(now) => Some(now),
-                };
-                let outcome = match answer {
-                    codec::ScriptAnswer::Ran(outcome) => outcome,
-                    codec::ScriptAnswer::Late => {
-                        if let Some(reply) = reply {
-                            let _ = reply.send(Err(Error::backend(Expired(timeout))));
-                        }
-                        continue;
-                    }
-                    codec::ScriptAnswer::Refused => {
-                        refused.push((key, call, (deadline, reply)));
-                        continue;
-                    }
-                };
-                let holds = outcome.allowed && give_back::holds(call);
-                match reply {
-                    Some(reply) if !reply.is_closed() => {
-                        // Left unread (its caller goes away before it reads
-                        // it), the answer gives back what it holds.
-                        let unread = holds.then(|| {
-                            let batch = batch.get_or_insert_with(|| {
-                                Arc::new(Settled {
-                                    wire: Arc::clone(wire),
-                                    conn: Arc::clone(conn),
-                                    scripts: Arc::clone(scripts),
-                                    timeout,
-                                    send: give_back,
-                                })
-                            });
-                            (Arc::clone(batch), i)
-                        });
-                        let _ = reply.send(Ok(Delivered::new((outcome, now), unread)));
-                    }
-                    _ if holds => {
-                        if let Some(gift) = give_back::give_back_of(key, call, &outcome, now) {
-                            tracing::debug!(
-                                "Redis allowed a check whose caller had stopped waiting: given back"
-                            );
-                            give_backs.push(gift);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            if !refused.is_empty() {
-                send_alone(refused.into_iter(), conn, scripts, timeout);
-            }
-            if !give_backs.is_empty() {
-                tokio::spawn(give_back(
-                    give_backs,
-                    Arc::clone(conn),
-                    Arc::clone(scripts),
-                    timeout,
-                ));
-            }
-        }
-        Err(error) => {
-            let error = Shared::new(error);
-            for (_, reply) in replies {
-                if let Some(reply) = reply {
-                    let _ = reply.send(Err(Error::backend(error.clone())));
-                }
-            }
-        }
-    }
-}
-
-/// Sends what is given back for callers that are gone: the releases of
-/// their leases and the refunds of their checks (boxed: a batch that sends
-/// them is itself a batch). Then a refusal remembered for their keys (the
-/// limiter's over-limit cache) is forgotten.
-pub(super) fn give_back(
-    gifts: Vec<(StoredKey, Call)>,
-    conn: Arc<Conn>,
-    scripts: Arc<Scripts>,
-    timeout: Duration,
-) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
-    Box::pin(async move {
-        let keys: Vec<StoredKey> = gifts.iter().map(|(key, _)| key.clone()).collect();
-        let jobs = gifts
-            .into_iter()
-            .map(|(key, call)| Job::detached(key, call));
-        for calls in by_call(jobs.collect(), &conn) {
-            send_batch(calls, &conn, &scripts, timeout).await;
-        }
-        if let Some(forget) = conn.given_back.get() {
-            for key in &keys {
-                if let Ok(key) = std::str::from_utf8(key.as_bytes()) {
-                    forget(key);
-                }
-            }
-        }
-    })
-}
-
-/// Sends each of these calls of a cluster batch that did not run (their
-/// master did not serve all the batch's keys, or refused a write of
-/// theirs) again, alone, routed by its own key, by its caller's deadline;
-/// and asks the cluster for its slot map anew.
-fn send_alone<'a>(
-    jobs: impl Iterator<Item = (&'a StoredKey, &'a Call, (Instant, Option<AnswerTx>))>,
-    conn: &Arc<Conn>,
-    scripts: &Arc<Scripts>,
-    timeout: Duration,
-) {
-    tracing::debug!(
-        "a cluster batch reached a master that does not serve all its keys: sent again one by one"
-    );
-    for (key, call, (deadline, reply)) in jobs {
-        // A check or a peek only for a caller who still waits; a release
-        // or a give-back whether or not anyone does.
-        if reply.is_none() && matches!(call.op, Op::Check(_) | Op::Peek(_) | Op::Reserve(_)) {
-            continue;
-        }
-        let job = Job {
-            key: key.clone(),
-            call: Call {
-                deadline: None,
-                ..*call
-            },
-            deadline,
-            reply,
-        };
-        let (conn, scripts) = (Arc::clone(conn), Arc::clone(scripts));
-        tokio::spawn(async move { send_batch(vec![job], &conn, &scripts, timeout).await });
-    }
-    let (conn, scripts) = (Arc::clone(conn), Arc::clone(scripts));
-    tokio::spawn(async move {
-        if let Ok(mut live) = conn.get(&scripts).await {
-            conn.learn_slots(&mut live).await;
-        }
-    });
 }
 
 /// A job's answer. The batch task gives it by the job's deadline, or drops

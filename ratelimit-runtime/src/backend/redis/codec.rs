@@ -12,7 +12,8 @@
 //! | `ARGV[3]` | the costs, one big-endian double per check then per release; empty when every cost is 1 |
 //! | `ARGV[4]` | how many checks, first in `KEYS`, keep a string state and are the first of their key: the script reads them all in one `MGET` |
 //! | `ARGV[5]` | the checks' deadlines in the server's time (µs), big-endian doubles: the earliest, then one per check; empty when none has one. A check the script reaches after its deadline is not run: its caller has stopped waiting, and counting it would be a phantom count |
-//! | `ARGV[6..]` | the lease ids in decimal (64 bits do not fit a double): one per check whose rule carries one, in order, then one per release; a refund's is the stamp of the charge it gives back |
+//! | `ARGV[6]` | one byte per check: the number (from 1) of the set of rules it is a member of, 0 alone; empty when the batch holds no set. A set is one unit of the batch, all or nothing: every member read and decided before any is written, none written if one refuses |
+//! | `ARGV[7..]` | the lease ids in decimal (64 bits do not fit a double): one per check whose rule carries one, in order, then one per release; a refund's is the stamp of the charge it gives back |
 //!
 //! A call that goes alone, where the function library is loaded, is an
 //! `FCALL` of its function `one` instead (`lua/one.lua`, [`encode_one`]):
@@ -131,6 +132,9 @@ pub(super) struct Call {
     /// A cancel's reservation's position: its lease id goes as
     /// `"<lease>:<position>"`.
     pub(super) position: Option<u64>,
+    /// The set of rules the check is a member of in a batch (see
+    /// [`Call::in_set`]); 0: alone.
+    pub(super) set: u32,
 }
 
 impl Call {
@@ -152,7 +156,14 @@ impl Call {
             lease,
             deadline: None,
             position: None,
+            set: 0,
         }
+    }
+
+    /// The same check as a member of set `set` (nonzero, the same for each
+    /// member, distinct from every other set that may share a batch).
+    pub(super) fn in_set(self, set: u32) -> Call {
+        Call { set, ..self }
     }
 
     /// Its lease id as the script reads it (a cancel's with its
@@ -260,11 +271,32 @@ pub(super) fn encode<'a>(
             .collect(),
         None => Vec::new(),
     };
+    // Each check's set by number (from 1, in order of first member).
+    let mut sets: Vec<u32> = Vec::new();
+    let members: Vec<u8> = if calls.clone().take(checks).all(|(_, c)| c.set == 0) {
+        Vec::new()
+    } else {
+        calls
+            .clone()
+            .take(checks)
+            .map(|(_, c)| {
+                if c.set == 0 {
+                    return 0;
+                }
+                let at = sets.iter().position(|&s| s == c.set).unwrap_or_else(|| {
+                    sets.push(c.set);
+                    sets.len() - 1
+                });
+                u8::try_from(at + 1).unwrap_or(u8::MAX)
+            })
+            .collect()
+    };
     cmd.arg(packed)
         .arg(order)
         .arg(costs)
         .arg(read_ahead)
-        .arg(deadlines);
+        .arg(deadlines)
+        .arg(members);
     for lease in calls.filter_map(|(_, c)| c.lease_arg()) {
         cmd.arg(lease);
     }
@@ -420,7 +452,8 @@ mod tests {
         assert!(args[8].is_empty(), "every cost is 1");
         assert_eq!(args[9], b"2");
         assert!(args[10].is_empty(), "no deadlines");
-        assert_eq!(args[11], b"42", "the release's lease id");
+        assert!(args[11].is_empty(), "no sets");
+        assert_eq!(args[12], b"42", "the release's lease id");
     }
 
     #[test]
@@ -511,5 +544,26 @@ mod tests {
         assert_eq!(deadline(0), 5_000.0, "the earliest");
         assert_eq!(deadline(1), 5_000.0);
         assert_eq!(deadline(2), (1u64 << 53) as f64, "none: never reached");
+    }
+
+    #[test]
+    fn each_check_names_its_set_by_number() {
+        let rule = Rule::fixed_window(10, Duration::from_secs(1));
+        let check = Call::new(
+            Op::Check(rule.algorithm()),
+            &rule,
+            1,
+            TimeSource::Server,
+            None,
+        );
+        let calls = [
+            (&b"a"[..], check.in_set(77)),
+            (&b"b"[..], check),
+            (&b"c"[..], check.in_set(5)),
+            (&b"d"[..], check.in_set(77)),
+        ];
+        let mut cmd = redis::cmd("FCALL");
+        encode(&mut cmd, calls.iter().map(|(k, c)| (*k, c)), 0);
+        assert_eq!(args(&cmd)[11], [1, 0, 2, 1]);
     }
 }

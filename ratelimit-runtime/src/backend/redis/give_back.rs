@@ -59,6 +59,7 @@ pub(super) fn give_back_of(
         lease,
         deadline: None,
         position,
+        set: 0,
         ..*call
     };
     Some((key.clone(), call))

@@ -13,6 +13,7 @@ mod give_back;
 pub(crate) mod hooks;
 mod nodes;
 mod scripts;
+mod settle;
 mod stacked;
 mod target;
 mod tls;
@@ -33,7 +34,7 @@ use crate::decision::{Charge, Decision};
 use crate::error::Error;
 use crate::rule::Rule;
 pub use crate::secret::redact_url;
-use batch::{AnswerRx, Batching, Job, answered, send_batch};
+use batch::{AnswerRx, Batching, Job, Unit, answered, send_batch};
 use codec::{Call, Op, Ran, TimeSource};
 use connection::{Busy, Conn, Endpoint};
 use scripts::Scripts;
@@ -364,7 +365,20 @@ impl RedisBackend {
         batching: &Batching,
         (job, answer): (Job, AnswerRx),
     ) -> Result<Ran, Error> {
-        if !batching.ensure_running(self) || batching.queue.send(job).is_err() {
+        self.enqueue(batching, Unit::One(job))?;
+        if batching.home.answers_here() {
+            return answered(answer).await;
+        }
+        // The task runs on a current-thread runtime that is not this one,
+        // and runs only while that runtime is driven (a limiter built on one
+        // and used elsewhere): this check keeps a timer of its own.
+        within(self.timeout, answered(answer)).await
+    }
+
+    /// Puts `unit` in the queue of the next batch, the task that sends them
+    /// started if it is not running.
+    fn enqueue(&self, batching: &Batching, unit: Unit) -> Result<(), Error> {
+        if !batching.ensure_running(self) || batching.queue.send(unit).is_err() {
             return Err(Error::backend(Stopped));
         }
         // The task may have ended as the job went in (its runtime ended):
@@ -375,13 +389,7 @@ impl RedisBackend {
         if !batching.ensure_running(self) {
             return Err(Error::backend(Stopped));
         }
-        if batching.home.answers_here() {
-            return answered(answer).await;
-        }
-        // The task runs on a current-thread runtime that is not this one,
-        // and runs only while that runtime is driven (a limiter built on one
-        // and used elsewhere): this check keeps a timer of its own.
-        within(self.timeout, answered(answer)).await
+        Ok(())
     }
 }
 

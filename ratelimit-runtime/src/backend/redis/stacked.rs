@@ -6,15 +6,21 @@
 //! keys of several masters are taken one slot after another, in the order
 //! of their slots, and what was taken is given back if one refuses (see
 //! the README's "What a fault can still cost").
+//!
+//! With coalescing, a set checked while a call is on its way goes in the
+//! next batch instead, as one unit of it (one queued job the batch never
+//! splits, all or nothing on its own): on a cluster, when its keys are on
+//! one master, in that master's batch.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use tokio::time::Instant;
 
-use super::batch;
+use super::batch::{self, Batching, Job, NotHere, Unit, answered};
 use super::codec::{self, Call, Op, ScriptAnswer, TimeSource};
 use super::connection::{Busy, Endpoint, call_script, script_call};
-use super::{Expired, RedisBackend, TimedOut, nodes};
+use super::{Expired, RedisBackend, TimedOut, nodes, within};
 use crate::algorithm::{self, Outcome, spec};
 use crate::backend::{RuleCheck, StoredKey};
 use crate::decision::Decision;
@@ -53,6 +59,14 @@ impl RedisBackend {
             })
             .collect();
         let keys: Vec<StoredKey> = checks.iter().map(|c| StoredKey::new(c.key)).collect();
+        if let Some(batching) = self.queue_for_set(&keys) {
+            match self.queued_set(batching, checks, &calls).await {
+                Ok(ran) => return Ok(decided(ran.into_iter().map(Some), checks)),
+                // Its batch met a slot that moved: nothing of it ran.
+                Err(Error::Backend(error)) if error.is::<NotHere>() => {}
+                Err(error) => return Err(error),
+            }
+        }
         let groups = self.groups(&keys);
         let mut ran: Vec<Option<(Outcome, Option<u64>)>> = vec![None; checks.len()];
         let mut taken = vec![false; checks.len()];
@@ -102,24 +116,54 @@ impl RedisBackend {
         if let Some(error) = failed {
             return Err(error);
         }
-        Ok(ran
-            .into_iter()
-            .zip(checks)
-            .map(|(ran, check)| {
-                let (outcome, now) = ran.expect("every group ran");
-                let stamp = now
-                    .filter(|_| outcome.allowed && !spec(check.rule.algorithm()).leases)
-                    .map(|now| {
-                        algorithm::stamp(
-                            check.rule.algorithm(),
-                            check.rule.period_us(),
-                            now,
-                            &outcome,
-                        )
-                    });
-                (outcome.decision(check.rule), stamp)
-            })
-            .collect())
+        Ok(decided(ran, checks))
+    }
+
+    /// The queue a set goes in, as one unit of the next batch: when
+    /// coalescing and a call is on its way (as for a lone check), on a
+    /// single server. (On a cluster a set keeps its own call: see the
+    /// README's "Redis Cluster".)
+    fn queue_for_set(&self, keys: &[StoredKey]) -> Option<&Batching> {
+        let batching = self.queue_for_now()?;
+        (keys.len() <= MAX_SET && !matches!(self.conn.endpoint, Endpoint::Cluster(_)))
+            .then_some(batching)
+    }
+
+    /// A set sent as one unit of the next batch: each member's outcome and
+    /// the time it ran at, in the set's order.
+    async fn queued_set(
+        &self,
+        batching: &Batching,
+        checks: &[RuleCheck<'_>],
+        calls: &[Call],
+    ) -> Result<Vec<(Outcome, Option<u64>)>, Error> {
+        // A number for the set, distinct from the others in its batch.
+        static SETS: AtomicU32 = AtomicU32::new(1);
+        let set = loop {
+            let set = SETS.fetch_add(1, Ordering::Relaxed);
+            if set != 0 {
+                break set;
+            }
+        };
+        let deadline = Instant::now() + self.timeout;
+        let (jobs, answers): (Vec<Job>, Vec<batch::AnswerRx>) = checks
+            .iter()
+            .zip(calls)
+            .map(|(check, call)| Job::new(check.key, call.in_set(set), deadline))
+            .unzip();
+        self.enqueue(batching, Unit::Set(jobs))?;
+        let here = batching.home.answers_here();
+        let mut ran = Vec::with_capacity(answers.len());
+        // Answered together: a member's answer dropped unread (an error
+        // met first) gives back what it holds.
+        for answer in answers {
+            ran.push(if here {
+                answered(answer).await?
+            } else {
+                within(self.timeout, answered(answer)).await?
+            });
+        }
+        Ok(ran)
     }
 
     /// The set's checks in the calls they go in: one, but on a cluster
@@ -305,6 +349,34 @@ impl RedisBackend {
             .collect();
         Ok((outcomes, now))
     }
+}
+
+/// The most checks a set may have to go in a batch (more go alone).
+const MAX_SET: usize = 32;
+
+/// Each check's decision from what its rule's script run answered, and the
+/// stamp of what an allowed check (not a lease) charged.
+fn decided(
+    ran: impl IntoIterator<Item = Option<(Outcome, Option<u64>)>>,
+    checks: &[RuleCheck<'_>],
+) -> Vec<(Decision, Option<u64>)> {
+    ran.into_iter()
+        .zip(checks)
+        .map(|(ran, check)| {
+            let (outcome, now) = ran.expect("every group ran");
+            let stamp = now
+                .filter(|_| outcome.allowed && !spec(check.rule.algorithm()).leases)
+                .map(|now| {
+                    algorithm::stamp(
+                        check.rule.algorithm(),
+                        check.rule.period_us(),
+                        now,
+                        &outcome,
+                    )
+                });
+            (outcome.decision(check.rule), stamp)
+        })
+        .collect()
 }
 
 /// A key of a set was not on the cluster master its call went to (a slot

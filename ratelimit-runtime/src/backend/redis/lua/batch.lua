@@ -12,7 +12,9 @@
 -- check's rule number; ARGV[3] the costs (empty: all 1); ARGV[4] how many
 -- first checks are read ahead in one MGET (see `pending` in prelude.lua);
 -- ARGV[5] the earliest deadline in server time, then each check's (empty:
--- none); ARGV[6..] the lease ids (and the stamps refunds name). The
+-- none); ARGV[6] each check's set (one byte: the number of the set of
+-- rules it is a member of, 0: alone; empty: no sets); ARGV[7..] the lease
+-- ids (and the stamps refunds name). The
 -- answer: 4 packed doubles per check (allowed 2: past its deadline, not
 -- run; 3: refused by this master, see below), then the server's time (-1:
 -- not read).
@@ -22,7 +24,9 @@
 -- answer what a check of cost 1 would answer next, without running it.
 --
 -- With `whole` (set before this runs), the batch is one call under several
--- rules, all or nothing: see below.
+-- rules, all or nothing: see below. Without it, a batch may hold sets of
+-- rules among its other checks (ARGV[6]): each set is one unit, all or
+-- nothing on its own, run as a whole where its first member comes.
 --
 -- A check's rule is unpacked once per batch, not once per check: most
 -- checks of a batch share a few rules.
@@ -73,7 +77,7 @@ end
 local only, costed = #rules == 1, #costs > 0
 local dated = #deadlines > 0 and time and struct_unpack('>d', deadlines, 1) < time
 local check, now, slack, count, burst, period, leased, first = unpack(rules[1] or {})
-local out, lease, cost = {}, 5, 1
+local out, lease, cost = {}, 6, 1
 if whole then
     -- One call under several rules: every check runs dry first (it reads
     -- its key, writes nothing) and only if every one allows the call do
@@ -106,8 +110,80 @@ if whole then
         out[4 * checks + 1] = time or -1
         return struct_pack('>' .. string.rep('d', 4 * checks + 1), unpack(out))
     end
-    lease, out, cost = 5, {}, 1
+    lease, out, cost = 6, {}, 1
     check, now, slack, count, burst, period, leased, first = unpack(rules[1] or {})
+end
+-- Sets of rules among the checks (ARGV[6]): each set's members, by their
+-- place; the members already run; the keys a set wrote (a value read ahead
+-- for a later check of one is out of date: it is read again); each
+-- member's lease id.
+local sets = ARGV[6]
+local members, done, touched, ids
+local function member(m)
+    local run_it, at, sl, ct, bu, pe, _, fi = unpack(rules[string_byte(order, m)])
+    local cs = costed and struct_unpack('>d', costs, 8 * m - 7) or 1
+    if m <= reads and not touched[KEYS[m]] then pending = values[m] else pending = nil end
+    return step(run_it, fi, KEYS[m], at, sl, ct, bu, pe, cs, ids[m])
+end
+-- One set, all or nothing: every member runs dry (reads its key, writes
+-- nothing), and only if every one allows the call do they run again and
+-- write. Past its deadline (one for the set), none runs.
+local function run_set(set)
+    local n = #set
+    for k = 1, n do done[set[k]] = true end
+    if dated and struct_unpack('>d', deadlines, 8 * set[1] + 1) < time then
+        for k = 1, n do
+            local j = 4 * set[k]
+            out[j - 3], out[j - 2], out[j - 1], out[j] = 2, 0, 0, 0
+        end
+        return
+    end
+    local refused = false
+    dry = true
+    for k = 1, n do
+        local j = 4 * set[k]
+        out[j - 3], out[j - 2], out[j - 1], out[j] = member(set[k])
+        if out[j - 3] ~= 1 then refused = true end
+    end
+    dry, pending = false, nil
+    if refused then return end
+    for k = 1, n do
+        local m = set[k]
+        local j = 4 * m
+        if spread then
+            -- A write this master refuses (see below): the client gives
+            -- back what the set's other members took.
+            local ok, a, b, c, d = pcall(member, m)
+            if ok then
+                out[j - 3], out[j - 2], out[j - 1], out[j] = a, b, c, d
+            else
+                out[j - 3], out[j - 2], out[j - 1], out[j] = 3, 0, 0, 0
+                dry, pending = false, nil
+            end
+        else
+            out[j - 3], out[j - 2], out[j - 1], out[j] = member(m)
+        end
+        touched[KEYS[m]] = true
+    end
+end
+if not whole and #sets > 0 then
+    members, done, touched, ids = {}, {}, {}, {}
+    local at = 6
+    for i = 1, checks do
+        local s = string_byte(sets, i)
+        if s > 0 then
+            local set = members[s]
+            if not set then
+                set = {}
+                members[s] = set
+            end
+            set[#set + 1] = i
+        end
+        if rules[string_byte(order, i)][7] then
+            at = at + 1
+            ids[i] = ARGV[at]
+        end
+    end
 end
 for i = 1, checks do
     local id = nil
@@ -121,7 +197,9 @@ for i = 1, checks do
         id = ARGV[lease]
     end
     local n = 4 * i
-    if dated and struct_unpack('>d', deadlines, 8 * i + 1) < time then
+    if members and string_byte(sets, i) > 0 then
+        if not done[i] then run_set(members[string_byte(sets, i)]) end
+    elseif dated and struct_unpack('>d', deadlines, 8 * i + 1) < time then
         -- Its caller has stopped waiting: counting it would be a phantom.
         out[n - 3], out[n - 2], out[n - 1], out[n] = 2, 0, 0, 0
     elseif spread then
@@ -129,6 +207,7 @@ for i = 1, checks do
         -- migrating slot made anew) fails its own check alone, which the
         -- client sends again by itself, not the checks that ran.
         pending = values[i]
+        if touched and touched[KEYS[i]] then pending = nil end
         local ok, a, b, c, d =
             pcall(step, check, first, KEYS[i], now, slack, count, burst, period, cost, id)
         if ok then
@@ -139,6 +218,7 @@ for i = 1, checks do
         end
     else
         pending = values[i]
+        if touched and touched[KEYS[i]] then pending = nil end
         out[n - 3], out[n - 2], out[n - 1], out[n] =
             step(check, first, KEYS[i], now, slack, count, burst, period, cost, id)
     end
