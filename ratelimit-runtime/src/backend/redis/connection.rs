@@ -271,6 +271,7 @@ fn probe(library: &Library) -> Cmd {
         .arg("")
         .arg("")
         .arg(0)
+        .arg("")
         .arg("");
     probe
 }

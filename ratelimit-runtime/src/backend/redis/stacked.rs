@@ -121,12 +121,27 @@ impl RedisBackend {
 
     /// The queue a set goes in, as one unit of the next batch: when
     /// coalescing and a call is on its way (as for a lone check), on a
-    /// single server. (On a cluster a set keeps its own call: see the
-    /// README's "Redis Cluster".)
+    /// single server, or on a cluster when the slot map puts all its keys
+    /// on one master (its batch is that master's). A set whose keys the map
+    /// spreads over masters keeps its own calls: in a batch it would make
+    /// the master refuse the whole batch.
     fn queue_for_set(&self, keys: &[StoredKey]) -> Option<&Batching> {
         let batching = self.queue_for_now()?;
-        (keys.len() <= MAX_SET && !matches!(self.conn.endpoint, Endpoint::Cluster(_)))
-            .then_some(batching)
+        if keys.len() > MAX_SET {
+            return None;
+        }
+        if matches!(self.conn.endpoint, Endpoint::Cluster(_)) {
+            let map = self.conn.slot_map()?;
+            let (first, rest) = keys.split_first()?;
+            let master = map.master_of(first.as_bytes())?;
+            if !rest
+                .iter()
+                .all(|key| map.master_of(key.as_bytes()) == Some(master))
+            {
+                return None;
+            }
+        }
+        Some(batching)
     }
 
     /// A set sent as one unit of the next batch: each member's outcome and

@@ -117,7 +117,7 @@ end
 -- place; the members already run; the keys a set wrote (a value read ahead
 -- for a later check of one is out of date: it is read again); each
 -- member's lease id.
-local sets = ARGV[6]
+local sets = ARGV[6] or ''
 local members, done, touched, ids
 local function member(m)
     local run_it, at, sl, ct, bu, pe, _, fi = unpack(rules[string_byte(order, m)])
