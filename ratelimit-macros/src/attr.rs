@@ -45,6 +45,8 @@ pub(crate) struct RuleConfig {
     pub(crate) wait: Option<(u64, Expr)>,
     /// `local_quota = N`: the largest block, and the span of its value.
     pub(crate) local_quota: Option<(u64, Span)>,
+    /// `subject_limits`: the rule reads subjects' own limits.
+    pub(crate) subject_limits: bool,
 }
 
 /// How the generated code reaches the request's [`HttpCall`] (an extractor
@@ -375,22 +377,8 @@ fn rule_config(raw: &RawArgs, func: &ItemFn, cx: &mut Ctxt) -> Option<RuleConfig
         Some(lit.value())
     });
 
-    let shadow = match raw.get(SHADOW) {
-        None | Some((_, None)) => raw.get(SHADOW).is_some(),
-        Some((
-            _,
-            Some(Expr::Lit(ExprLit {
-                lit: Lit::Bool(b), ..
-            })),
-        )) => b.value,
-        Some((_, Some(other))) => {
-            cx.error(
-                other,
-                "`shadow` is a flag: write `shadow` (or `shadow = true`)",
-            );
-            false
-        }
-    };
+    let shadow = flag(raw, SHADOW, cx);
+    let subject_limits = flag(raw, SUBJECT_LIMITS, cx);
 
     let wait = raw.value(WAIT).and_then(|value| {
         let ms = wait_ms(value, cx)?;
@@ -403,6 +391,16 @@ fn rule_config(raw: &RawArgs, func: &ItemFn, cx: &mut Ctxt) -> Option<RuleConfig
         Some((ms, value.clone()))
     });
     let local_quota = local_quota(raw, rule.as_ref(), cx);
+    if subject_limits
+        && local_quota.is_some()
+        && let Some((name, _)) = raw.get(SUBJECT_LIMITS)
+    {
+        cx.error(
+            name,
+            "a rule reads its subjects' own limits or is served from local quotas, not both: \
+             a block served locally cannot follow one subject's limit",
+        );
+    }
 
     Some(RuleConfig {
         key,
@@ -419,7 +417,30 @@ fn rule_config(raw: &RawArgs, func: &ItemFn, cx: &mut Ctxt) -> Option<RuleConfig
         limiter,
         shadow,
         local_quota,
+        subject_limits,
     })
+}
+
+/// A flag option (`shadow`, `subject_limits`): written alone or `= true`
+/// (`= false`: off).
+fn flag(raw: &RawArgs, symbol: Symbol, cx: &mut Ctxt) -> bool {
+    match raw.get(symbol) {
+        None => false,
+        Some((_, None)) => true,
+        Some((
+            _,
+            Some(Expr::Lit(ExprLit {
+                lit: Lit::Bool(b), ..
+            })),
+        )) => b.value,
+        Some((_, Some(other))) => {
+            cx.error(
+                other,
+                format!("`{0}` is a flag: write `{0}` (or `{0} = true`)", symbol),
+            );
+            false
+        }
+    }
 }
 
 /// Why `wait` needs a bucket algorithm.

@@ -341,6 +341,9 @@ fn site_expr(rule: &RuleConfig, rt: &TokenStream) -> TokenStream {
     if let Some((block, span)) = rule.local_quota {
         rule_expr = quote_spanned!(span=> #rule_expr.with_local_quota(#block));
     }
+    if rule.subject_limits {
+        rule_expr = quote!(#rule_expr.with_subject_limits());
+    }
     let mut site = quote!(#rt::Site::new(#name, #rule_expr));
     if rule.cost != 1 {
         let cost = rule.cost;

@@ -86,6 +86,10 @@ use proc_macro::TokenStream;
 ///   process (`Rule::with_local_quota`), for hot keys. `fixed_window`,
 ///   `token_bucket` and `gcra` only; at most the capacity (`burst` or
 ///   `count`).
+/// - `subject_limits`: a check first reads the limit its subject may have
+///   of its own, set with `RateLimiter::set_subject_limit_named` (or on
+///   Redis with `redis-cli`), in place of `count` and `burst`
+///   (`Rule::with_subject_limits`). Not with `local_quota`.
 /// - `crate = "path"`: where the runtime is, for crates that re-export it or
 ///   depend on it under another name. Default `::ratelimit_runtime`.
 ///

@@ -36,9 +36,10 @@ pub(crate) const CRATE: Symbol = Symbol("crate");
 pub(crate) const WAIT: Symbol = Symbol("wait");
 
 pub(crate) const LOCAL_QUOTA: Symbol = Symbol("local_quota");
+pub(crate) const SUBJECT_LIMITS: Symbol = Symbol("subject_limits");
 
 /// Every option, in the order the docs list them.
-pub(crate) const OPTIONS: [Symbol; 16] = [
+pub(crate) const OPTIONS: [Symbol; 17] = [
     KEY,
     PREFIX,
     COUNT,
@@ -55,6 +56,7 @@ pub(crate) const OPTIONS: [Symbol; 16] = [
     CRATE,
     WAIT,
     LOCAL_QUOTA,
+    SUBJECT_LIMITS,
 ];
 
 /// The algorithms a `local_quota` applies to (`Rule::with_local_quota`).
@@ -163,7 +165,7 @@ pub(crate) fn parse_raw(
             ));
             return Ok(());
         };
-        if value.is_none() && symbol != SHADOW {
+        if value.is_none() && symbol != SHADOW && symbol != SUBJECT_LIMITS {
             cx.error(
                 &name,
                 format_args!("`{symbol}` needs a value: `{symbol} = ...`"),

@@ -133,6 +133,22 @@ pub(crate) fn key(prefix: &str, name: &str, subject: &str) -> String {
     key
 }
 
+/// Where a subject's own limit (see
+/// [`Rule::with_subject_limits`](crate::Rule::with_subject_limits)) is kept
+/// on Redis for the budget `key`: a hash of `count` and `burst` at `key` and
+/// `#limit`, with `key` braced first when it has no hash tag, so that both
+/// live in one slot of a cluster; `None` for a key with a `}` but no hash
+/// tag. `lua/prelude.lua` (`limit_key`) finds it the same way.
+#[cfg(feature = "redis")]
+pub(crate) fn limit_key(key: &str) -> Option<String> {
+    if let Some(open) = key.find('{')
+        && key[open + 1..].find('}').is_some_and(|close| close > 0)
+    {
+        return Some(format!("{key}#limit"));
+    }
+    (!key.contains('}')).then(|| format!("{{{key}}}#limit"))
+}
+
 /// The subject of `key`, a key of the rule whose keys start with `base`
 /// (its prefix and name): what follows `base`, with its leading `:`.
 #[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]

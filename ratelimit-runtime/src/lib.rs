@@ -125,7 +125,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Cause, Charge, Decision, RateLimited};
 pub use error::{Error, OnError};
 pub use limiter::{Permit, Permits, RateLimiter, RateLimiterBuilder, Verdict};
-pub use rule::{Algorithm, Rule};
+pub use rule::{Algorithm, Rule, SubjectLimit};
 
 #[cfg(feature = "actix")]
 pub use actix::{RateLimit, RateLimitService};

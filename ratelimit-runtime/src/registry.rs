@@ -165,7 +165,7 @@ fn apply(base: &Rule, change: &RuleOverride) -> Result<Rule, String> {
             base.algorithm().name()
         ));
     }
-    Rule::try_new(base.algorithm(), count, period, burst).map(|rule| rule.keeping_local_quota(base))
+    Rule::try_new(base.algorithm(), count, period, burst).map(|rule| rule.keeping_options(base))
 }
 
 /// Sets (or replaces) the override of rule `name`, effective for the next call.
@@ -253,7 +253,7 @@ pub(crate) fn in_force(name: &str, rule: &Rule) -> Rule {
 
 /// The rules named `name` (as overrides make them now) and the key of
 /// `subject` under each.
-fn named(name: &str, subject: &str) -> Result<Vec<(Rule, String)>, Error> {
+pub(crate) fn named(name: &str, subject: &str) -> Result<Vec<(Rule, String)>, Error> {
     if name.replace("{{", "").contains('{') {
         return Err(Error::Config(format!(
             "the rule {name:?} builds its key from the call's values, so a subject cannot \

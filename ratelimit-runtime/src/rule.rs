@@ -88,6 +88,9 @@ pub struct Rule {
     /// The largest block of a local quota ([`Rule::with_local_quota`]); 0:
     /// every check goes to the backend.
     local_quota: u64,
+    /// Whether a check reads its subject's own limit first
+    /// ([`Rule::with_subject_limits`]).
+    subject_limits: bool,
 }
 
 impl Rule {
@@ -190,6 +193,7 @@ impl Rule {
             // Whole milliseconds: the resolution Redis expires keys with.
             period_ms: period.as_millis() as u64,
             local_quota: 0,
+            subject_limits: false,
         };
         rule.check_burst_period();
         rule
@@ -240,6 +244,7 @@ impl Rule {
             burst,
             period_ms: period_ms as u64,
             local_quota: 0,
+            subject_limits: false,
         })
     }
 
@@ -343,6 +348,10 @@ impl Rule {
             max_block <= self.capacity(),
             "a local quota's block must be at most the rule's capacity (count, or burst)"
         );
+        assert!(
+            !self.subject_limits,
+            "a rule reads its subjects' own limits or is served from local quotas, not both"
+        );
         Rule {
             local_quota: max_block,
             ..self
@@ -367,13 +376,67 @@ impl Rule {
         }
     }
 
-    /// This rule with `base`'s local quota, at most its own capacity (an
-    /// override of `base`'s numbers keeps its quota).
-    pub(crate) fn keeping_local_quota(self, base: &Rule) -> Rule {
+    /// This rule with `base`'s options: its local quota (at most this
+    /// rule's capacity) and whether it reads subject limits (an override of
+    /// `base`'s numbers keeps them).
+    pub(crate) fn keeping_options(self, base: &Rule) -> Rule {
         Rule {
             local_quota: base.local_quota.min(self.capacity()),
+            subject_limits: base.subject_limits,
             ..self
         }
+    }
+
+    /// The same rule, but each check first reads the limit its subject may
+    /// have of its own (set with
+    /// [`RateLimiter::set_limit`](crate::RateLimiter::set_limit) or
+    /// [`set_limit_named`](crate::RateLimiter::set_limit_named), on Redis
+    /// also with `redis-cli`): "tenant 42 is on the enterprise plan, 1,000 a
+    /// second". A subject without one has the rule's `count` and `burst`.
+    /// On Redis the check's own script reads it, in the same round trip (at
+    /// the cost of one more read in the script); in process memory the
+    /// limiter keeps them. Rules without it read nothing.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_runtime::Rule;
+    ///
+    /// const API: Rule = Rule::token_bucket(100, Duration::from_secs(1)).with_subject_limits();
+    /// assert!(API.reads_subject_limits());
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If the rule has a local quota ([`Rule::with_local_quota`]): a block
+    /// served locally cannot follow a subject's own limit. In a `const` this
+    /// is a compile error.
+    pub const fn with_subject_limits(self) -> Rule {
+        assert!(
+            self.local_quota == 0,
+            "a rule reads its subjects' own limits or is served from local quotas, not both"
+        );
+        Rule {
+            subject_limits: true,
+            ..self
+        }
+    }
+
+    /// Whether a check reads its subject's own limit first (see
+    /// [`with_subject_limits`](Rule::with_subject_limits)).
+    pub const fn reads_subject_limits(&self) -> bool {
+        self.subject_limits
+    }
+
+    /// This rule with a subject's own `limit` in place of its count and
+    /// burst, or why the limit does not fit it.
+    pub(crate) fn limited_to(&self, limit: &SubjectLimit) -> Result<Rule, String> {
+        Rule::try_new(
+            self.algorithm,
+            limit.count,
+            self.period(),
+            limit.burst.unwrap_or(limit.count),
+        )
+        .map(|rule| rule.keeping_options(self))
     }
 
     /// The algorithm this rule is enforced with.
@@ -411,6 +474,32 @@ impl Rule {
             self.burst
         } else {
             self.count
+        }
+    }
+}
+
+/// A subject's own limit, in place of its rule's `count` and `burst` (see
+/// [`Rule::with_subject_limits`]). The period stays the rule's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SubjectLimit {
+    /// Units allowed per period.
+    pub count: u64,
+    /// The bucket's capacity (`token_bucket`, `gcra`); `None`: `count`.
+    /// Ignored by the other algorithms.
+    pub burst: Option<u64>,
+}
+
+impl SubjectLimit {
+    /// A limit of `count` units per period, with a burst of `count`.
+    pub const fn new(count: u64) -> SubjectLimit {
+        SubjectLimit { count, burst: None }
+    }
+
+    /// The same limit with a bucket capacity of `burst`.
+    pub const fn with_burst(self, burst: u64) -> SubjectLimit {
+        SubjectLimit {
+            burst: Some(burst),
+            ..self
         }
     }
 }

@@ -76,6 +76,7 @@ pub(crate) fn acquire(
             .max()
             .unwrap_or(0),
         retry_after_us,
+        limit: 0,
     }
 }
 

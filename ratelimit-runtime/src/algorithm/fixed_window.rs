@@ -17,6 +17,7 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
             remaining: count.saturating_sub(used),
             reset_after_us: reset,
             retry_after_us: reset,
+            limit: 0,
         };
     }
     *slot = Some(State::FixedWindow {
@@ -29,6 +30,7 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
         remaining,
         reset_after_us: reset,
         retry_after_us: if remaining >= cost { 0 } else { reset },
+        limit: 0,
     }
 }
 

@@ -46,6 +46,7 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
         } else {
             (ahead + step - tolerance).div_ceil(count)
         },
+        limit: 0,
     }
 }
 
@@ -61,6 +62,7 @@ fn far_ahead(whole: u64, rem: u64, count: u64, step: u64, tolerance: u64) -> Out
         remaining: 0,
         reset_after_us: after(0),
         retry_after_us: after(i128::from(step) - i128::from(tolerance)),
+        limit: 0,
     }
 }
 

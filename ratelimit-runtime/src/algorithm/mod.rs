@@ -40,13 +40,20 @@ pub(crate) struct Outcome {
     pub(crate) remaining: u64,
     pub(crate) reset_after_us: u64,
     pub(crate) retry_after_us: u64,
+    /// The count of the subject's own limit that applied (see
+    /// [`Rule::with_subject_limits`]); 0: the rule's.
+    pub(crate) limit: u64,
 }
 
 impl Outcome {
     pub(crate) fn decision(self, rule: &Rule) -> Decision {
         Decision {
             allowed: self.allowed,
-            limit: rule.count(),
+            limit: if self.limit > 0 {
+                self.limit
+            } else {
+                rule.count()
+            },
             remaining: self.remaining,
             reset_after: Duration::from_micros(self.reset_after_us),
             retry_after: Duration::from_micros(self.retry_after_us),
@@ -400,6 +407,7 @@ fn waiting(position: u64, count: u64, wait: u64) -> Outcome {
         remaining: position,
         reset_after_us: position.div_ceil(count),
         retry_after_us: wait,
+        limit: 0,
     }
 }
 
@@ -456,6 +464,7 @@ impl Reservation {
                 // When the budget is whole, counted from when the call goes.
                 reset_after_us: outcome.reset_after_us - outcome.retry_after_us,
                 retry_after_us: 0,
+                limit: 0,
             },
             wait_us: outcome.retry_after_us,
             position: outcome.remaining,

@@ -40,6 +40,7 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
             .back()
             .map_or(0, |newest| (newest + period).saturating_sub(now)),
         retry_after_us,
+        limit: 0,
     }
 }
 

@@ -84,6 +84,7 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
         remaining,
         reset_after_us,
         retry_after_us,
+        limit: 0,
     }
 }
 

@@ -24,6 +24,7 @@ pub(super) fn check(slot: &mut Option<State>, rule: &Rule, now: u64, cost: u64) 
         remaining: tokens.max(0) as u64 / period,
         reset_after_us: short(capacity as i128),
         retry_after_us: short(need as i128),
+        limit: 0,
     }
 }
 

@@ -15,7 +15,7 @@ use super::over_limit::OverLimitCache;
 use super::{Backend, RuleCheck};
 use crate::decision::{Charge, Decision};
 use crate::error::{Error, OnError};
-use crate::rule::Rule;
+use crate::rule::{Rule, SubjectLimit};
 
 /// A backend, a circuit breaker in front of it, and the insurance limiter
 /// that checks the same rules in process memory while it fails (policy
@@ -167,6 +167,21 @@ impl<B: Backend> Backend for Failover<B> {
         let decision = self.inner.refund(rule, key, charge).await;
         self.forget(rule, key);
         decision
+    }
+
+    /// Sets it in the insurance limiter too (which answers for the
+    /// backend while it is down), and forgets what the over-limit cache
+    /// knows of the key: a refusal under the old limit may not hold.
+    async fn set_limit(
+        &self,
+        rule: &Rule,
+        key: &str,
+        limit: Option<SubjectLimit>,
+    ) -> Result<(), Error> {
+        self.insurance.set_limit_now(key, limit);
+        let set = self.inner.set_limit(rule, key, limit).await;
+        self.forget(rule, key);
+        set
     }
 
     /// Forgets the key in the insurance limiter too.

@@ -4,7 +4,7 @@ use std::future::Future;
 
 use crate::decision::{Charge, Decision};
 use crate::error::{Error, OnError};
-use crate::rule::Rule;
+use crate::rule::{Rule, SubjectLimit};
 use hook::{Answered, BackendCall, LeaseRef, Reserved, RoundTrip, Sealed, Ticket};
 
 mod breaker;
@@ -141,6 +141,22 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     ) -> impl Future<Output = Result<Decision, Error>> + Send {
         let _ = (rule, key);
         async { Err(Error::Unsupported("reset")) }
+    }
+
+    /// Sets (`Some`) or clears (`None`) the limit of its own that `key`'s
+    /// subject has in place of its rule's `count` and `burst`, for rules
+    /// built [`with_subject_limits`](Rule::with_subject_limits) (the
+    /// limiter checks `limit` against `rule` first). Kept until cleared.
+    ///
+    /// The default answers [`Error::Unsupported`].
+    fn set_limit(
+        &self,
+        rule: &Rule,
+        key: &str,
+        limit: Option<SubjectLimit>,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        let _ = (rule, key, limit);
+        async { Err(Error::Unsupported("subject limits")) }
     }
 
     /// Checks one call under several rules at once, all or nothing: if

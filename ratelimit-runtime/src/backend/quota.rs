@@ -17,7 +17,7 @@ use super::hook::{Answered, BackendCall, LeaseRef, Reserved, RoundTrip, Sealed, 
 use super::{Backend, Failover, RuleCheck};
 use crate::decision::{Charge, Decision};
 use crate::error::{Error, OnError};
-use crate::rule::{Algorithm, Rule};
+use crate::rule::{Algorithm, Rule, SubjectLimit};
 
 const SHARDS: usize = 16;
 const MIN_SWEEP_LEN: usize = 256;
@@ -417,6 +417,15 @@ impl<B: Backend> Backend for LocalQuotas<B> {
 
     async fn peek(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
         self.inner.peek(rule, key).await
+    }
+
+    async fn set_limit(
+        &self,
+        rule: &Rule,
+        key: &str,
+        limit: Option<SubjectLimit>,
+    ) -> Result<(), Error> {
+        self.inner.set_limit(rule, key, limit).await
     }
 
     /// Gives back to the backend, and forgets the key's refusal.

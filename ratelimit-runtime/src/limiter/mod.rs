@@ -7,6 +7,7 @@ mod install;
 mod permit;
 mod stacked;
 mod store;
+mod subject;
 mod wait;
 
 use std::hash::{BuildHasher, RandomState};

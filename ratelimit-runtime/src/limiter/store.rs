@@ -14,7 +14,7 @@ use crate::backend::memory::MemoryBackend;
 use crate::backend::{Backend, Failover};
 use crate::decision::{Charge, Decision};
 use crate::error::{Error, OnError};
-use crate::rule::Rule;
+use crate::rule::{Rule, SubjectLimit};
 
 type Boxed<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>;
 
@@ -29,6 +29,12 @@ pub(super) trait Store: Send + Sync + fmt::Debug + 'static {
     fn peek<'a>(&'a self, rule: &'a Rule, key: &'a str) -> Boxed<'a, Decision>;
     fn refund<'a>(&'a self, rule: &'a Rule, key: &'a str, charge: Charge) -> Boxed<'a, Decision>;
     fn reset<'a>(&'a self, rule: &'a Rule, key: &'a str) -> Boxed<'a, Decision>;
+    fn set_limit<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        limit: Option<SubjectLimit>,
+    ) -> Boxed<'a, ()>;
     fn answer_all<'a>(
         &'a self,
         checks: &'a [RuleCheck<'a>],
@@ -78,6 +84,15 @@ impl<B: Backend> Store for B {
 
     fn reset<'a>(&'a self, rule: &'a Rule, key: &'a str) -> Boxed<'a, Decision> {
         Box::pin(Backend::reset(self, rule, key))
+    }
+
+    fn set_limit<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        limit: Option<SubjectLimit>,
+    ) -> Boxed<'a, ()> {
+        Box::pin(Backend::set_limit(self, rule, key, limit))
     }
 
     fn answer_all<'a>(

@@ -4,9 +4,10 @@
 mod set;
 mod shard;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, MutexGuard};
+use std::sync::{Arc, MutexGuard, PoisonError, RwLock};
 
 use super::hook::{Answered, BackendCall, LeaseRef, Reserved, Sealed, Ticket};
 use super::{Backend, StoredKey};
@@ -15,7 +16,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::decision::{Charge, Decision};
 use crate::error::Error;
 use crate::log_gate::LogGate;
-use crate::rule::{Algorithm, Rule};
+use crate::rule::{Algorithm, Rule, SubjectLimit};
 use shard::{Entry, Hasher, MAX_PER_SHARD, Overflow, Shard, ShardMap, Slot, key_hash};
 
 /// How many independently locked shards the keys are spread over, so tasks on
@@ -85,6 +86,9 @@ struct Inner {
     /// predictable (flooding one bucket).
     hasher: Hasher,
     clock: StoreClock,
+    /// Subjects' own limits, by key (read only for rules built
+    /// [`with_subject_limits`](Rule::with_subject_limits)).
+    limits: RwLock<HashMap<Box<str>, SubjectLimit>>,
 }
 
 impl Inner {
@@ -168,6 +172,7 @@ impl MemoryBackend {
                 overflow_calls: AtomicUsize::new(0),
                 hasher: Hasher::default(),
                 clock,
+                limits: RwLock::default(),
             }),
         };
         store.with_max_keys(DEFAULT_MAX_KEYS)
@@ -210,6 +215,61 @@ impl MemoryBackend {
         }
     }
 
+    /// `rule` as it holds for `key`: with the subject's own limit in place
+    /// of its count and burst, where the rule reads them and the key has
+    /// one.
+    #[inline]
+    fn in_force(&self, rule: &Rule, key: &str) -> Rule {
+        if !rule.reads_subject_limits() {
+            return *rule;
+        }
+        self.subject_rule(rule, key)
+    }
+
+    #[cold]
+    fn subject_rule(&self, rule: &Rule, key: &str) -> Rule {
+        let limits = self
+            .inner
+            .limits
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        limits
+            .get(key)
+            .and_then(|limit| rule.limited_to(limit).ok())
+            .unwrap_or(*rule)
+    }
+
+    /// The rules of `checks` as they hold for their keys (see
+    /// [`in_force`](Self::in_force)), where one reads subjects' limits.
+    fn sets_in_force(&self, checks: &[super::RuleCheck<'_>]) -> Option<Vec<Rule>> {
+        checks
+            .iter()
+            .any(|c| c.rule.reads_subject_limits())
+            .then(|| {
+                checks
+                    .iter()
+                    .map(|c| self.in_force(c.rule, c.key))
+                    .collect()
+            })
+    }
+
+    /// Sets or clears `key`'s own limit (see [`Backend::set_limit`]).
+    pub(crate) fn set_limit_now(&self, key: &str, limit: Option<SubjectLimit>) {
+        let mut limits = self
+            .inner
+            .limits
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        match limit {
+            Some(limit) => {
+                limits.insert(key.into(), limit);
+            }
+            None => {
+                limits.remove(key);
+            }
+        }
+    }
+
     /// Checks and consumes synchronously; this store never waits on I/O.
     ///
     /// `cost` must be between 1 and the rule's capacity (the limiter checks
@@ -223,6 +283,10 @@ impl MemoryBackend {
     /// took: the [`Charge`] that [`refund_now`](MemoryBackend::refund_now)
     /// gives back.
     pub fn charge_now(&self, rule: &Rule, key: &str, cost: u64) -> (Decision, Option<Charge>) {
+        let rule = &self.in_force(rule, key);
+        if cost > rule.capacity() {
+            return (never_fits(rule), None);
+        }
         let (outcome, now) = self.update(rule, key, |slot, now| {
             algorithm::check(slot, rule, now, cost)
         });
@@ -235,6 +299,10 @@ impl MemoryBackend {
 
     /// Takes `cost` units of a concurrency rule for lease `id`.
     pub(crate) fn acquire_now(&self, rule: &Rule, key: &str, cost: u64, id: u64) -> Decision {
+        let rule = &self.in_force(rule, key);
+        if cost > rule.capacity() {
+            return never_fits(rule);
+        }
         let (outcome, _) = self.update(rule, key, |slot, now| {
             algorithm::acquire(slot, rule, now, cost, id)
         });
@@ -267,6 +335,20 @@ impl MemoryBackend {
         max_wait: std::time::Duration,
     ) -> Option<(algorithm::Reservation, u64)> {
         algorithm::spec(rule.algorithm()).wait.as_ref()?;
+        let rule = &self.in_force(rule, key);
+        if cost > rule.capacity() {
+            let outcome = algorithm::Outcome {
+                allowed: false,
+                remaining: 0,
+                reset_after_us: 0,
+                retry_after_us: rule.period_us(),
+                limit: 0,
+            };
+            return Some((
+                algorithm::Reservation::read(outcome),
+                self.inner.clock.now_micros(),
+            ));
+        }
         let max_wait = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
         let (outcome, now) = self.update(rule, key, |slot, now| {
             algorithm::reserve(slot, rule, now, cost, max_wait)
@@ -285,7 +367,9 @@ impl MemoryBackend {
         else {
             return Err(Error::Unsupported(UNWAITABLE));
         };
-        let decision = reservation.outcome.decision(call.rule);
+        let decision = reservation
+            .outcome
+            .decision(&self.in_force(call.rule, call.key));
         let stamp = (decision.allowed && reservation.wait_us == 0).then(|| {
             algorithm::stamp(
                 call.rule.algorithm(),
@@ -307,6 +391,7 @@ impl MemoryBackend {
 
     /// Gives back a reservation that waits (see `algorithm::cancel`).
     pub(crate) fn cancel_now(&self, rule: &Rule, key: &str, cost: u64, ticket: Ticket) {
+        let rule = &self.in_force(rule, key);
         self.look(rule, key, true, |slot, now| {
             algorithm::cancel(slot, rule, now, cost, ticket.at, ticket.position);
         });
@@ -327,6 +412,7 @@ impl MemoryBackend {
     /// What a check of cost 1 would answer now, without consuming
     /// anything.
     pub fn peek_now(&self, rule: &Rule, key: &str) -> Decision {
+        let rule = &self.in_force(rule, key);
         self.look(rule, key, true, |_, _| ())
     }
 
@@ -344,6 +430,7 @@ impl MemoryBackend {
         if algorithm::spec(rule.algorithm()).refund.is_none() {
             return Err(Error::Unsupported("refunds under a concurrency rule"));
         }
+        let rule = &self.in_force(rule, key);
         Ok(self.look(rule, key, true, |slot, now| {
             if let Some(stamp) = charge.stamp() {
                 algorithm::refund(slot, rule, now, charge.units(), stamp);
@@ -355,6 +442,7 @@ impl MemoryBackend {
     /// [`peek_now`](MemoryBackend::peek_now) (a full store's overflow
     /// budget is left alone: it is every untracked key's).
     pub fn reset_now(&self, rule: &Rule, key: &str) -> Decision {
+        let rule = &self.in_force(rule, key);
         self.look(rule, key, false, |slot, _| *slot = None)
     }
 
@@ -502,12 +590,21 @@ impl Backend for MemoryBackend {
     }
 
     async fn check_all(&self, checks: &[super::RuleCheck<'_>]) -> Result<Vec<Decision>, Error> {
-        let (outcomes, _) = self.check_all_now(checks);
-        Ok(outcomes
-            .iter()
-            .zip(checks)
-            .map(|(outcome, check)| outcome.decision(check.rule))
+        Ok(self
+            .answer_all(checks)
+            .into_iter()
+            .map(|answer| answer.decision)
             .collect())
+    }
+
+    async fn set_limit(
+        &self,
+        _rule: &Rule,
+        key: &str,
+        limit: Option<SubjectLimit>,
+    ) -> Result<(), Error> {
+        self.set_limit_now(key, limit);
+        Ok(())
     }
 
     fn __answer_now(&self, _: Sealed, call: &BackendCall<'_>) -> Option<Answered> {
@@ -562,6 +659,19 @@ impl Backend for MemoryBackend {
     ) -> Result<Vec<Answered>, Error> {
         Ok(self.answer_all(checks))
     }
+}
+
+/// The answer to a call whose cost is over the capacity of its subject's
+/// own limit: it never fits (as the scripts answer).
+fn never_fits(rule: &Rule) -> Decision {
+    algorithm::Outcome {
+        allowed: false,
+        remaining: 0,
+        reset_after_us: 0,
+        retry_after_us: rule.period_us(),
+        limit: 0,
+    }
+    .decision(rule)
 }
 
 /// Why a call under a window or concurrency rule cannot wait its turn.

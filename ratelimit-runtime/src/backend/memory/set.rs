@@ -30,6 +30,23 @@ impl MemoryBackend {
     /// it: each rule's decision, and the stamp of what an allowed check (not
     /// a lease) charged.
     pub(crate) fn answer_all(&self, checks: &[RuleCheck<'_>]) -> Vec<Answered> {
+        // Rules that read subjects' own limits, as they hold for their keys.
+        let in_force = self.sets_in_force(checks);
+        let limited: Vec<RuleCheck<'_>>;
+        let checks = match &in_force {
+            Some(rules) => {
+                limited = checks
+                    .iter()
+                    .zip(rules)
+                    .map(|(c, rule)| RuleCheck { rule, ..*c })
+                    .collect();
+                if limited.iter().any(|c| c.cost > c.rule.capacity()) {
+                    return self.never_fit(&limited);
+                }
+                &limited[..]
+            }
+            None => checks,
+        };
         let (outcomes, now) = self.check_all_now(checks);
         outcomes
             .iter()
@@ -40,6 +57,22 @@ impl MemoryBackend {
                     algorithm::stamp(c.rule.algorithm(), c.rule.period_us(), now, outcome)
                 });
                 Answered::by_backend(outcome.decision(c.rule), stamp)
+            })
+            .collect()
+    }
+
+    /// A set with a check whose cost is over its subject's own capacity:
+    /// refused by that rule, the others answering as a peek (nothing taken).
+    fn never_fit(&self, checks: &[RuleCheck<'_>]) -> Vec<Answered> {
+        checks
+            .iter()
+            .map(|c| {
+                let decision = if c.cost > c.rule.capacity() {
+                    super::never_fits(c.rule)
+                } else {
+                    self.peek_now(c.rule, c.key)
+                };
+                Answered::by_backend(decision, None)
             })
             .collect()
     }

@@ -41,6 +41,7 @@ pub(super) const RELEASED: Outcome = Outcome {
     remaining: 0,
     reset_after_us: 0,
     retry_after_us: 0,
+    limit: 0,
 };
 
 /// Where a job's answer arrives.

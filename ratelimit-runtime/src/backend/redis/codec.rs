@@ -7,7 +7,7 @@
 //! | argument | what |
 //! |---|---|
 //! | `KEYS` | one key per check, then one per release |
-//! | `ARGV[1]` | the batch's distinct rules, 6 big-endian doubles each: [`Op`] id, count, burst, period (µs), [`TimeSource`] (µs; -1 for the server's `TIME`), whether its checks carry a lease id (1/0) |
+//! | `ARGV[1]` | the batch's distinct rules, 6 big-endian doubles each: [`Op`] id, count, burst, period (µs), [`TimeSource`] (µs; -1 for the server's `TIME`), flags: 1 if its checks carry a lease id, plus 2 or 4 if it reads subjects' own limits (capacity its count, or its burst) |
 //! | `ARGV[2]` | one byte per check: the number (from 1) of its rule in `ARGV[1]` |
 //! | `ARGV[3]` | the costs, one big-endian double per check then per release; empty when every cost is 1 |
 //! | `ARGV[4]` | how many checks, first in `KEYS`, keep a string state and are the first of their key: the script reads them all in one `MGET` |
@@ -17,8 +17,9 @@
 //!
 //! A call that goes alone, where the function library is loaded, is an
 //! `FCALL` of its function `one` instead (`lua/one.lua`, [`encode_one`]):
-//! `KEYS[1]` its key, `ARGV[1]` 7 big-endian doubles (op id, count, burst,
-//! period, clock, cost, deadline; 2^53 when none), `ARGV[2]` its lease id
+//! `KEYS[1]` its key, `ARGV[1]` 8 big-endian doubles (op id, count, burst,
+//! period, clock, cost, deadline, 2^53 when none; subject limits 0, 1 or
+//! 2, as the flags above halved), `ARGV[2]` its lease id
 //! (or a refund's stamp) if it has one. It answers as a batch of one.
 //!
 //! Peeks, refunds and resets go as checks (with their own op ids; see
@@ -28,8 +29,9 @@
 //! allowed (1/0, or 2: not run, past its deadline; or 3: a cluster master's
 //! batch met a write the master refused, and the check is to go again
 //! alone), remaining, reset after (µs), retry after (µs); then the server's
-//! time (µs) as the script read it, or -1 if it read none. Releases answer
-//! nothing. Every number is a whole number below 2^53, exact as a double;
+//! time (µs) as the script read it, or -1 if it read none; then, only
+//! where a subject's own limit applied in the run, one double per check:
+//! the count in force (0: its rule's). Releases answer nothing. Every number is a whole number below 2^53, exact as a double;
 //! packing spares the server formatting and parsing text.
 //!
 //! What each algorithm keeps under its key (one key per rule and subject).
@@ -135,6 +137,9 @@ pub(super) struct Call {
     /// The set of rules the check is a member of in a batch (see
     /// [`Call::in_set`]); 0: alone.
     pub(super) set: u32,
+    /// Whether its rule reads subjects' own limits: 0 no, 1 with a capacity
+    /// of its count, 2 of its burst (see `step` in `lua/prelude.lua`).
+    pub(super) limits: u8,
 }
 
 impl Call {
@@ -157,6 +162,11 @@ impl Call {
             deadline: None,
             position: None,
             set: 0,
+            limits: match (rule.reads_subject_limits(), rule.algorithm().has_burst()) {
+                (false, _) => 0,
+                (true, false) => 1,
+                (true, true) => 2,
+            },
         }
     }
 
@@ -201,7 +211,7 @@ impl Call {
             self.burst,
             self.period_us,
             now,
-            u64::from(self.lease.is_some()),
+            u64::from(self.lease.is_some()) + 2 * u64::from(self.limits),
         ]
     }
 }
@@ -309,7 +319,7 @@ pub(super) fn encode_one(cmd: &mut Cmd, key: &[u8], call: &Call) {
     let [op, count, burst, period, now, _] = call.rule();
     let now = if now == u64::MAX { -1.0 } else { now as f64 };
     let deadline = call.deadline.unwrap_or(1 << 53);
-    let mut packed = [0u8; 7 * 8];
+    let mut packed = [0u8; 8 * 8];
     let numbers = [
         op as f64,
         count as f64,
@@ -318,6 +328,7 @@ pub(super) fn encode_one(cmd: &mut Cmd, key: &[u8], call: &Call) {
         now,
         call.cost as f64,
         deadline as f64,
+        f64::from(call.limits),
     ];
     for (chunk, number) in packed.chunks_exact_mut(8).zip(numbers) {
         chunk.copy_from_slice(&number.to_be_bytes());
@@ -355,12 +366,14 @@ pub(super) enum ScriptAnswer {
 ///
 /// # Errors
 ///
-/// A reply that is not 4 numbers per check and the time.
+/// A reply that is not 4 numbers per check and the time (then, where a
+/// subject's own limit applied, one count per check).
 pub(super) fn decode(
     reply: &[u8],
     checks: usize,
 ) -> Result<(Vec<ScriptAnswer>, Option<u64>), Error> {
-    if reply.len() != 32 * checks + 8 {
+    let limited = reply.len() == 40 * checks + 8;
+    if reply.len() != 32 * checks + 8 && !limited {
         return Err(Error::Config(format!(
             "the batch script answered {} bytes for {checks} checks",
             reply.len()
@@ -368,10 +381,12 @@ pub(super) fn decode(
     }
     let number = |bytes: &[u8]| f64::from_be_bytes(bytes.try_into().unwrap_or([0; 8]));
     let whole = |n: f64| if n > 0.0 { n as u64 } else { 0 };
-    let (answers, time) = reply.split_at(32 * checks);
+    let (answers, rest) = reply.split_at(32 * checks);
+    let (time, limits) = rest.split_at(8);
     let answers = answers
         .chunks_exact(32)
-        .map(|answer| {
+        .enumerate()
+        .map(|(i, answer)| {
             let n = |i: usize| number(&answer[8 * i..8 * i + 8]);
             if n(0) == 2.0 {
                 return ScriptAnswer::Late;
@@ -384,6 +399,11 @@ pub(super) fn decode(
                 remaining: whole(n(1)),
                 reset_after_us: whole(n(2)),
                 retry_after_us: whole(n(3)),
+                limit: if limited {
+                    whole(number(&limits[8 * i..8 * i + 8]))
+                } else {
+                    0
+                },
             })
         })
         .collect();
@@ -470,13 +490,23 @@ mod tests {
                     allowed: true,
                     remaining: 9,
                     reset_after_us: 1000,
-                    retry_after_us: 0
+                    retry_after_us: 0,
+                    limit: 0,
                 }),
                 ScriptAnswer::Late
             ]
         );
         assert_eq!(time, Some(1_700_000_000_000_000));
         assert!(decode(&reply, 1).is_err());
+        // A subject's own count where one applied: one per check.
+        for n in [25.0f64, 0.0] {
+            reply.extend_from_slice(&n.to_be_bytes());
+        }
+        let (answers, _) = decode(&reply, 2).unwrap();
+        assert!(matches!(
+            answers[0],
+            ScriptAnswer::Ran(Outcome { limit: 25, .. })
+        ));
         let (none, time) = decode(&(-1.0f64).to_be_bytes(), 0).unwrap();
         assert!(none.is_empty() && time.is_none());
     }
@@ -497,7 +527,7 @@ mod tests {
         let sent = args(&cmd);
         assert_eq!(&sent[1..3], [&b"1"[..], b"k"]);
         let packed = &sent[3];
-        assert_eq!(packed.len(), 7 * 8);
+        assert_eq!(packed.len(), 8 * 8);
         let number = |i: usize| f64::from_be_bytes(packed[8 * i..8 * i + 8].try_into().unwrap());
         assert_eq!(number(0), f64::from(Op::Check(rule.algorithm()).id()));
         assert_eq!(number(1), 5.0, "count");
@@ -505,11 +535,12 @@ mod tests {
         assert_eq!(number(4), -1.0, "the server's clock");
         assert_eq!(number(5), 3.0, "cost");
         assert_eq!(number(6), 9_000.0, "deadline");
+        assert_eq!(number(7), 0.0, "no subject limits");
         assert_eq!(sent[4], b"42", "the lease id");
         call.deadline = None;
         let mut cmd = redis::cmd("FCALL");
         encode_one(&mut cmd, b"k", &call);
-        let last = &args(&cmd)[3][48..];
+        let last = &args(&cmd)[3][48..56];
         assert_eq!(
             f64::from_be_bytes(last.try_into().unwrap()),
             (1u64 << 53) as f64

@@ -32,7 +32,7 @@ use super::hook::{Answered, BackendCall, Reserved, RoundTrip, Sealed, Ticket};
 use crate::algorithm::{self, spec};
 use crate::decision::{Charge, Decision};
 use crate::error::Error;
-use crate::rule::Rule;
+use crate::rule::{Rule, SubjectLimit};
 pub use crate::secret::redact_url;
 use batch::{AnswerRx, Batching, Job, Unit, answered, send_batch};
 use codec::{Call, Op, Ran, TimeSource};
@@ -459,6 +459,45 @@ impl Backend for RedisBackend {
     async fn reset(&self, rule: &Rule, key: &str) -> Result<Decision, Error> {
         let op = Op::Reset(rule.algorithm());
         self.look(op, rule, key, 1, TimeSource::Server, None).await
+    }
+
+    /// `HSET` (or `DEL`) of the hash the check's script reads (see
+    /// [`keys::limit_key`](crate::keys::limit_key)), on the master of the
+    /// budget key's slot.
+    async fn set_limit(
+        &self,
+        _rule: &Rule,
+        key: &str,
+        limit: Option<SubjectLimit>,
+    ) -> Result<(), Error> {
+        let Some(at) = crate::keys::limit_key(key) else {
+            return Err(Error::Config(
+                "a key with a `}` but no hash tag cannot have a limit of its own".into(),
+            ));
+        };
+        // One command, so a check never sees half of a change (a burst
+        // not given is the count, as the script reads it).
+        let cmd = match limit {
+            Some(limit) => {
+                let mut cmd = redis::cmd("HSET");
+                cmd.arg(&at)
+                    .arg("count")
+                    .arg(limit.count)
+                    .arg("burst")
+                    .arg(limit.burst.unwrap_or(limit.count));
+                cmd
+            }
+            None => {
+                let mut cmd = redis::cmd("DEL");
+                cmd.arg(&at);
+                cmd
+            }
+        };
+        let set = async {
+            let mut live = self.conn.get(&self.scripts).await?;
+            live.query::<()>(&cmd).await.map_err(Error::backend)
+        };
+        within(self.timeout, set).await
     }
 
     async fn __answer(&self, _: Sealed, call: BackendCall<'_>) -> Result<Answered, Error> {

@@ -31,12 +31,13 @@
 -- A check's rule is unpacked once per batch, not once per check: most
 -- checks of a batch share a few rules.
 
-texts, aboves, dry = {}, {}, false
+texts, aboves, applied, dry = {}, {}, {}, false
 local packed, order, costs, deadlines = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
 local checks, time = #order, nil
 local rules = {}
 for r = 1, #packed / 48 do
-    local what, count, burst, period, now, leased = struct_unpack('>dddddd', packed, 48 * r - 47)
+    local what, count, burst, period, now, flags = struct_unpack('>dddddd', packed, 48 * r - 47)
+    local leased = flags % 2
     local slack = 3600000
     if now < 0 then
         if not time then
@@ -45,7 +46,7 @@ for r = 1, #packed / 48 do
         end
         now, slack = time, 0
     end
-    rules[r] = {run[what], now, slack, count, burst, period, leased == 1, before[what]}
+    rules[r] = {run[what], now, slack, count, burst, period, leased == 1, before[what], (flags - leased) / 2}
 end
 
 -- The string states read ahead, in one MGET: the first checks, each of its
@@ -76,7 +77,7 @@ end
 -- earliest not passed) looks at none of them.
 local only, costed = #rules == 1, #costs > 0
 local dated = #deadlines > 0 and time and struct_unpack('>d', deadlines, 1) < time
-local check, now, slack, count, burst, period, leased, first = unpack(rules[1] or {})
+local check, now, slack, count, burst, period, leased, first, limits = unpack(rules[1] or {})
 local out, lease, cost = {}, 6, 1
 if whole then
     -- One call under several rules: every check runs dry first (it reads
@@ -86,13 +87,13 @@ if whole then
         for n = 1, 4 * checks do out[n] = 0 end
         for i = 1, checks do out[4 * i - 3] = 2 end
         out[4 * checks + 1] = time
-        return struct_pack('>' .. string.rep('d', 4 * checks + 1), unpack(out))
+        return answer(out, checks, KEYS)
     end
     local refused = false
     dry = true
     for i = 1, checks do
         local id = nil
-        check, now, slack, count, burst, period, leased, first =
+        check, now, slack, count, burst, period, leased, first, limits =
             unpack(rules[string_byte(order, i)])
         if costed then cost = struct_unpack('>d', costs, 8 * i - 7) end
         if leased then
@@ -102,16 +103,16 @@ if whole then
         pending = values[i]
         local n = 4 * i
         out[n - 3], out[n - 2], out[n - 1], out[n] =
-            step(check, first, KEYS[i], now, slack, count, burst, period, cost, id)
+            step(check, first, KEYS[i], now, slack, count, burst, period, cost, id, limits)
         if out[n - 3] ~= 1 then refused = true end
     end
     dry, pending = false, nil
     if refused then
         out[4 * checks + 1] = time or -1
-        return struct_pack('>' .. string.rep('d', 4 * checks + 1), unpack(out))
+        return answer(out, checks, KEYS)
     end
     lease, out, cost = 6, {}, 1
-    check, now, slack, count, burst, period, leased, first = unpack(rules[1] or {})
+    check, now, slack, count, burst, period, leased, first, limits = unpack(rules[1] or {})
 end
 -- Sets of rules among the checks (ARGV[6]): each set's members, by their
 -- place; the members already run; the keys a set wrote (a value read ahead
@@ -120,10 +121,10 @@ end
 local sets = ARGV[6] or ''
 local members, done, touched, ids
 local function member(m)
-    local run_it, at, sl, ct, bu, pe, _, fi = unpack(rules[string_byte(order, m)])
+    local run_it, at, sl, ct, bu, pe, _, fi, li = unpack(rules[string_byte(order, m)])
     local cs = costed and struct_unpack('>d', costs, 8 * m - 7) or 1
     if m <= reads and not touched[KEYS[m]] then pending = values[m] else pending = nil end
-    return step(run_it, fi, KEYS[m], at, sl, ct, bu, pe, cs, ids[m])
+    return step(run_it, fi, KEYS[m], at, sl, ct, bu, pe, cs, ids[m], li)
 end
 -- One set, all or nothing: every member runs dry (reads its key, writes
 -- nothing), and only if every one allows the call do they run again and
@@ -188,7 +189,7 @@ end
 for i = 1, checks do
     local id = nil
     if not only then
-        check, now, slack, count, burst, period, leased, first =
+        check, now, slack, count, burst, period, leased, first, limits =
             unpack(rules[string_byte(order, i)])
     end
     if costed then cost = struct_unpack('>d', costs, 8 * i - 7) end
@@ -209,7 +210,7 @@ for i = 1, checks do
         pending = values[i]
         if touched and touched[KEYS[i]] then pending = nil end
         local ok, a, b, c, d =
-            pcall(step, check, first, KEYS[i], now, slack, count, burst, period, cost, id)
+            pcall(step, check, first, KEYS[i], now, slack, count, burst, period, cost, id, limits)
         if ok then
             out[n - 3], out[n - 2], out[n - 1], out[n] = a, b, c, d
         else
@@ -220,7 +221,7 @@ for i = 1, checks do
         pending = values[i]
         if touched and touched[KEYS[i]] then pending = nil end
         out[n - 3], out[n - 2], out[n - 1], out[n] =
-            step(check, first, KEYS[i], now, slack, count, burst, period, cost, id)
+            step(check, first, KEYS[i], now, slack, count, burst, period, cost, id, limits)
     end
 end
 -- A release needs no time, and its caller no answer.
@@ -232,4 +233,4 @@ end
 -- The answers packed in one call (a call of the struct library costs about
 -- as much for one number as for many), then the server's time.
 out[4 * checks + 1] = time or -1
-return struct_pack('>' .. string.rep('d', 4 * checks + 1), unpack(out))
+return answer(out, checks, KEYS)

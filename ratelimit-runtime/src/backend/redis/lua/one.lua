@@ -5,14 +5,16 @@
 -- answers exactly what a batch of one would.
 --
 -- The wire protocol (src/backend/redis/codec.rs, `encode_one`): KEYS[1] the
--- key; ARGV[1] 7 packed doubles: op id, count, burst, period, now or -1 (the
--- server's clock), cost, deadline in server time (2^53: none); ARGV[2] the
--- lease id (or the stamp a refund names), if any. The answer is a batch of one's: 4 packed doubles (allowed
--- 2: past its deadline, not run), then the server's time (-1: not read); a
--- release answers the time only.
+-- key; ARGV[1] 8 packed doubles: op id, count, burst, period, now or -1 (the
+-- server's clock), cost, deadline in server time (2^53: none), subject
+-- limits (see `step`); ARGV[2] the lease id (or the stamp a refund names),
+-- if any. The answer is a batch of one's: 4 packed doubles (allowed 2: past
+-- its deadline, not run), then the server's time (-1: not read), then the
+-- subject's own count where one applied; a release answers the time only.
 
-texts, aboves, dry, pending = {}, {}, false, nil
-local what, count, burst, period, now, cost, deadline = struct_unpack('>ddddddd', ARGV[1])
+texts, aboves, applied, dry, pending = {}, {}, {}, false, nil
+local what, count, burst, period, now, cost, deadline, limits =
+    struct_unpack('>dddddddd', ARGV[1])
 local key = KEYS[1]
 if what == RELEASE then
     release(key, cost, ARGV[2])
@@ -29,5 +31,8 @@ if now < 0 then
     end
 end
 local allowed, remaining, reset_after, retry_after =
-    step(run[what], before[what], key, now, slack, count, burst, period, cost, ARGV[2])
+    step(run[what], before[what], key, now, slack, count, burst, period, cost, ARGV[2], limits)
+if applied[key] then
+    return struct_pack('>dddddd', allowed, remaining, reset_after, retry_after, time, applied[key])
+end
 return struct_pack('>ddddd', allowed, remaining, reset_after, retry_after, time)

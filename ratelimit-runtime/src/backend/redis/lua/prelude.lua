@@ -115,13 +115,72 @@ local function write(...)
     if not dry then return redis_call(...) end
 end
 
+-- Subjects' own limits (a rule built `with_subject_limits`): a hash of
+-- `count` and `burst` at a key of the budget key's slot, its name the
+-- budget key's and "#limit", the budget key braced first when it has no
+-- hash tag (src/keys.rs, `limit_key`, makes the same); nil for a key with a
+-- "}" but no tag, which has no such key. `applied` holds the counts that
+-- applied in this run, by budget key (the drivers answer them).
+local applied
+local function limit_key(key)
+    local open = string.find(key, '{', 1, true)
+    if open then
+        local close = string.find(key, '}', open + 1, true)
+        if close and close > open + 1 then return key .. '#limit' end
+    end
+    if string.find(key, '}', 1, true) then return nil end
+    return '{' .. key .. '}#limit'
+end
+-- A whole number from 1 to a billion (the most a rule's count may be).
+local function limit_number(value)
+    local n = tonumber(value)
+    if n and n >= 1 and n <= 1000000000 and n == math.floor(n) then return n end
+    return nil
+end
+-- The count and burst in force for `key`: its own, where it has a valid
+-- one, else the rule's. A bucket's burst × period stays under 2^52.
+local function subject_limit(key, count, burst, period)
+    local at = limit_key(key)
+    if not at then return count, burst end
+    local stored = redis_pcall('HMGET', at, 'count', 'burst')
+    if type(stored) ~= 'table' or stored.err then return count, burst end
+    local own = limit_number(stored[1])
+    if not own then return count, burst end
+    local bucket = limit_number(stored[2]) or own
+    if bucket * period > 4503599627370496 then return count, burst end
+    applied[key] = own
+    return own, bucket
+end
+
+-- The answer: the numbers `out` holds for `checks` checks (of `keys`) and
+-- the time, packed; then, where a subject's own limit applied in this run,
+-- the count in force for each check (0: the rule's).
+local function answer(out, checks, keys)
+    local n = 4 * checks + 1
+    if next(applied) then
+        for i = 1, checks do out[n + i] = applied[keys[i]] or 0 end
+        n = n + checks
+    end
+    return struct_pack('>' .. string.rep('d', n), unpack(out, 1, n))
+end
+
 -- One job on `key`: a check (`first` nil), or a look (`first` the op's
 -- `before`: `true` for a peek, else a refund's or a reset's function, run
 -- first: a refund's `id` is the stamp of the charge it gives back), which
 -- then answers what a check of cost 1 would, writing nothing. `pending` is
 -- set by the caller (see `take_pending`). Both drivers, batch.lua and
 -- one.lua, run every job through this.
-local function step(check, first, key, now, slack, count, burst, period, cost, id)
+--
+-- `limits` (0 or nil: none) says the rule reads its subjects' own limits:
+-- 1 where its capacity is its count, 2 where it is its burst. A check
+-- whose cost is over the subject's capacity is refused (it never fits).
+local function step(check, first, key, now, slack, count, burst, period, cost, id, limits)
+    if limits and limits > 0 then
+        count, burst = subject_limit(key, count, burst, period)
+        if not first and cost > (limits == 2 and burst or count) then
+            return 0, 0, 0, period
+        end
+    end
     if not first then
         return check(key, now, slack, count, burst, period, cost, id)
     end
