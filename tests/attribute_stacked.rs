@@ -1,11 +1,14 @@
 //! Stacked `#[rate_limit]` attributes are one decision, in either order:
 //! a call refused by one rule takes nothing from the others. The budgets
-//! left are read through the rules' own names, on memory and on Redis.
+//! left are read through the rules' own names, on memory, one Redis and a
+//! 3-master cluster (where a set's keys are on several masters).
 
 use std::time::Duration;
 
 use ratelimit_runtime::{RateLimited, RateLimiter, rate_limit};
-use ratelimit_test_support::RedisServer;
+use std::future::Future;
+
+use ratelimit_test_support::{RedisCluster, RedisServer};
 
 #[rate_limit(key = "m-user-first", by = arg(user), count = 5, period = 60, limiter = "memory")]
 #[rate_limit(
@@ -79,6 +82,48 @@ async fn stacked_attributes_are_one_decision_in_memory() {
     assert_eq!(left(&limiter, "m-global-first-global", "").await, 0);
 }
 
+#[rate_limit(key = "c-user-first", by = arg(user), count = 5, period = 60, limiter = "cluster")]
+#[rate_limit(
+    key = "c-user-first-global",
+    count = 3,
+    period = 60,
+    limiter = "cluster"
+)]
+async fn cluster_user_first(user: &'static str) -> Result<(), RateLimited> {
+    let _ = user;
+    Ok(())
+}
+
+#[rate_limit(
+    key = "c-global-first-global",
+    count = 3,
+    period = 60,
+    limiter = "cluster"
+)]
+#[rate_limit(key = "c-global-first", by = arg(user), count = 5, period = 60, limiter = "cluster")]
+async fn cluster_global_first(user: &'static str) -> Result<(), RateLimited> {
+    let _ = user;
+    Ok(())
+}
+
+/// Ten tasks at once call `call` as `user`: exactly 3 pass (the global
+/// rule's count), and the user keeps 2 of 5.
+async fn at_once<F, Fut>(limiter: &RateLimiter, call: F, user: &'static str, names: [&str; 2])
+where
+    F: Fn(&'static str) -> Fut,
+    Fut: Future<Output = Result<(), RateLimited>> + Send + 'static,
+{
+    let tasks: Vec<_> = (0..10).map(|_| tokio::spawn(call(user))).collect();
+    let mut passed = 0;
+    for task in tasks {
+        passed += usize::from(task.await.unwrap().is_ok());
+    }
+    assert_eq!(passed, 3, "{names:?}");
+    let subject = format!("arg:user:{user}");
+    assert_eq!(left(limiter, names[0], &subject).await, 2, "{names:?}");
+    assert_eq!(left(limiter, names[1], "").await, 0, "{names:?}");
+}
+
 #[tokio::test]
 async fn stacked_attributes_are_one_decision_on_redis() {
     let server = RedisServer::start();
@@ -89,26 +134,30 @@ async fn stacked_attributes_are_one_decision_on_redis() {
         .await
         .unwrap();
     limiter.clone().install_as("redis").unwrap();
-    // Tasks at once: exactly 3 pass, and Ann keeps 2.
-    let tasks: Vec<_> = (0..10)
-        .map(|_| tokio::spawn(redis_user_first("ann")))
-        .collect();
-    let mut passed = 0;
-    for task in tasks {
-        passed += usize::from(task.await.unwrap().is_ok());
-    }
-    assert_eq!(passed, 3);
-    assert_eq!(left(&limiter, "r-user-first", "arg:user:ann").await, 2);
-    assert_eq!(left(&limiter, "r-user-first-global", "").await, 0);
+    let names = ["r-user-first", "r-user-first-global"];
+    at_once(&limiter, |user| redis_user_first(user), "ann", names).await;
+    let names = ["r-global-first", "r-global-first-global"];
+    at_once(&limiter, |user| redis_global_first(user), "bob", names).await;
+}
 
-    let tasks: Vec<_> = (0..10)
-        .map(|_| tokio::spawn(redis_global_first("bob")))
-        .collect();
-    let mut passed = 0;
-    for task in tasks {
-        passed += usize::from(task.await.unwrap().is_ok());
-    }
-    assert_eq!(passed, 3);
-    assert_eq!(left(&limiter, "r-global-first", "arg:user:bob").await, 2);
-    assert_eq!(left(&limiter, "r-global-first-global", "").await, 0);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stacked_attributes_are_one_decision_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let limiter = RateLimiter::builder()
+        .redis(cluster.urls())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    limiter.clone().install_as("cluster").unwrap();
+    // The set's keys are on two masters: taken one after the other, and
+    // given back if the other refuses.
+    assert_ne!(
+        cluster.master_for("limiter:c-user-first:arg:user:ann"),
+        cluster.master_for("limiter:c-user-first-global"),
+    );
+    let names = ["c-user-first", "c-user-first-global"];
+    at_once(&limiter, cluster_user_first, "ann", names).await;
+    let names = ["c-global-first", "c-global-first-global"];
+    at_once(&limiter, cluster_global_first, "bob", names).await;
 }

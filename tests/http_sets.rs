@@ -17,7 +17,7 @@ use axum::routing::get;
 use common::{serve_axum, sf_list};
 use ratelimit_runtime::http::Tiers;
 use ratelimit_runtime::{RateLimit, RateLimitLayer, RateLimiter, Rule};
-use ratelimit_test_support::{HttpReply, RedisServer, http};
+use ratelimit_test_support::{HttpReply, RedisCluster, RedisServer, http};
 
 const ONE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
 const MINUTE: Duration = Duration::from_secs(60);
@@ -206,6 +206,25 @@ async fn a_set_on_the_middleware_is_one_decision_on_redis() {
     let limiter = limiter(Some(&redis)).await;
     let addr = serve_middleware(&limiter, "mw_redis");
     both_orders_charge_nothing_when_refused(addr, &limiter, "mw_redis").await;
+}
+
+/// On a 3-master cluster (the sets' keys spread over masters, taken one
+/// after another and given back if one refuses): the layer and the
+/// middleware, both orders.
+#[actix_web::test]
+async fn sets_on_the_adapters_are_one_decision_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let limiter = RateLimiter::builder()
+        .redis(cluster.urls())
+        .key_secret("test secret")
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("a limiter on the test cluster");
+    let addr = serve_layers(&limiter, "layer_cluster").await;
+    both_orders_charge_nothing_when_refused(addr, &limiter, "layer_cluster").await;
+    let addr = serve_middleware(&limiter, "mw_cluster");
+    both_orders_charge_nothing_when_refused(addr, &limiter, "mw_cluster").await;
 }
 
 /// A tier that is a set (the free plan: 3 a "day", here ten minutes, and 2
