@@ -611,3 +611,120 @@ async fn another_instances_refund_waits_for_the_time_redis_named() {
     tokio::time::sleep_until((until + Duration::from_millis(50)).into()).await;
     assert!(cached.check(&rule, key).await.unwrap().allowed);
 }
+
+/// A set of rules (a lease and a counted check) whose caller goes away
+/// while the proxy holds back the reply for `held`: once Redis ran it
+/// (`other` sees a unit taken), what it took is given back, every rule's.
+/// `Err` with what `other` still sees if not within 5 s.
+async fn set_left_and_given_back(
+    limiter: &RateLimiter,
+    proxy: &Proxy,
+    other: &RedisBackend,
+    keys: [&str; 2],
+    held: &str,
+) -> Result<(), String> {
+    let rules = [
+        Rule::concurrency(1, Duration::from_secs(60)),
+        Rule::fixed_window(1, Duration::from_secs(60)),
+    ];
+    proxy.delay_reply_to(held.as_bytes(), LEFT_HELD);
+    let sent = Instant::now();
+    let set = [(&rules[0], keys[0], 1), (&rules[1], keys[1], 1)];
+    let left = tokio::time::timeout(Duration::from_millis(50), limiter.acquire_all(&set)).await;
+    assert!(left.is_err(), "the caller went away");
+    let taken = || async {
+        let mut taken = Vec::new();
+        for (rule, key) in rules.iter().zip(keys) {
+            if !other.peek(rule, key).await.unwrap().allowed {
+                taken.push(key);
+            }
+        }
+        taken
+    };
+    first_ok("it never ran", Duration::from_millis(10), || async {
+        let taken = taken().await;
+        if taken.len() == 2 {
+            Ok(())
+        } else {
+            Err(format!("taken: {taken:?}"))
+        }
+    })
+    .await;
+    loop {
+        let taken = taken().await;
+        if taken.is_empty() {
+            return Ok(());
+        }
+        if sent.elapsed() > Duration::from_secs(5) {
+            return Err(format!("still held: {taken:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A set that goes alone (one script call) on one Redis, its caller gone
+/// before the answer: given back, as a lone check is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_whose_caller_left_is_given_back() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let url = format!("redis://127.0.0.1:{}/", proxy.port());
+    let other = direct(&server).await;
+    let limiter = idle_limiter(RateLimiter::builder().redis(url), "limiter:warm").await;
+    let keys = ["limiter:set-left:lease", "limiter:set-left:count"];
+    set_left_and_given_back(&limiter, &proxy, &other, keys, keys[1])
+        .await
+        .unwrap();
+}
+
+/// A set whose keys are on two masters of a cluster, taken one master
+/// after the other: its caller goes away while the second master's reply
+/// is held, after the first master's units were taken. Both are given
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_over_two_masters_whose_caller_left_is_given_back() {
+    let cluster = RedisCluster::start();
+    let masters = cluster.masters();
+    let slot = |key: &str| -> u16 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut cluster.connection(masters[0]))
+            .unwrap()
+    };
+    let on = |port: u16, name: &str| {
+        (0..)
+            .map(|n| format!("limiter:set-left:{name}:{n}"))
+            .find(|key| cluster.master_for(key) == port)
+            .unwrap()
+    };
+    // The held master's key comes second in slot order (a slot of the
+    // last third, the first key's of the first): the other master's unit
+    // is taken first.
+    let key_in = |name: &str, slots: std::ops::Range<u16>| {
+        (0..)
+            .map(|n| format!("limiter:set-left:{name}:{n}"))
+            .find(|key| slots.contains(&slot(key)))
+            .unwrap()
+    };
+    let second = key_in("count", 11_000..16_384);
+    let first = key_in("lease", 0..5_000);
+    let held = cluster.master_for(&second);
+    assert_ne!(cluster.master_for(&first), held);
+    let warm = on(held, "warm");
+    let proxy = Proxy::start(held);
+    cluster.announce(held, proxy.port());
+    let other = RedisBackend::connect(
+        cluster.urls(),
+        ConnectOptions {
+            timeout: Duration::from_secs(2),
+            ..ConnectOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let limiter = idle_limiter(RateLimiter::builder().redis(cluster.urls()), &warm).await;
+    set_left_and_given_back(&limiter, &proxy, &other, [&first, &second], &second)
+        .await
+        .unwrap();
+}

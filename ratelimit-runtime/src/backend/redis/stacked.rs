@@ -14,12 +14,15 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::batch::{self, Batching, Job, NotHere, Unit, answered};
 use super::codec::{self, Call, Op, ScriptAnswer, TimeSource};
-use super::connection::{Busy, Endpoint, call_script, script_call};
+use super::connection::{Busy, Conn, Endpoint, call_script, script_call};
+use super::scripts::Scripts;
 use super::{Expired, RedisBackend, TimedOut, nodes, within};
 use crate::algorithm::{self, Outcome, spec};
 use crate::backend::{RuleCheck, StoredKey};
@@ -69,16 +72,29 @@ impl RedisBackend {
         }
         let groups = self.groups(&keys);
         let mut ran: Vec<Option<(Outcome, Option<u64>)>> = vec![None; checks.len()];
-        let mut taken = vec![false; checks.len()];
         let mut failed = None;
+        // What the groups sent so far took, given back if the caller goes
+        // away before the set is decided.
+        let mut holding = Taken {
+            jobs: Vec::new(),
+            conn: Arc::clone(&self.conn),
+            scripts: Arc::clone(&self.scripts),
+            timeout: self.timeout,
+        };
         for group in &groups {
             match self.send_whole(group, &keys, &calls).await {
                 Ok((outcomes, now)) => {
                     // A group is all or nothing: a refused one took nothing.
                     let passed = outcomes.iter().all(|o| o.allowed);
                     for (&i, outcome) in group.members.iter().zip(outcomes) {
+                        if passed
+                            && groups.len() > 1
+                            && let Some(job) =
+                                super::give_back::give_back_of(&keys[i], &calls[i], &outcome, now)
+                        {
+                            holding.jobs.push(job);
+                        }
                         ran[i] = Some((outcome, now));
-                        taken[i] = passed;
                     }
                 }
                 Err(error) => {
@@ -88,30 +104,14 @@ impl RedisBackend {
             }
         }
         // Several calls (keys of several masters): what some took is given
-        // back if another refused (or failed).
+        // back if another refused (or failed), before the caller is
+        // answered; by a task, so that it is made even if the caller goes
+        // away meanwhile.
         let refused = ran.iter().flatten().any(|(outcome, _)| !outcome.allowed);
-        if groups.len() > 1 && (refused || failed.is_some()) {
-            let jobs: Vec<(StoredKey, Call)> = ran
-                .iter()
-                .zip(&taken)
-                .zip(keys.iter().zip(&calls))
-                .filter_map(|((ran, &taken), (key, call))| {
-                    let (outcome, now) = ran.as_ref()?;
-                    if !taken {
-                        return None;
-                    }
-                    super::give_back::give_back_of(key, call, outcome, *now)
-                })
-                .collect();
-            if !jobs.is_empty() {
-                batch::give_back(
-                    jobs,
-                    Arc::clone(&self.conn),
-                    Arc::clone(&self.scripts),
-                    self.timeout,
-                )
-                .await;
-            }
+        let jobs = std::mem::take(&mut holding.jobs);
+        if (refused || failed.is_some()) && !jobs.is_empty() {
+            let (conn, scripts) = (Arc::clone(&self.conn), Arc::clone(&self.scripts));
+            let _ = tokio::spawn(batch::give_back(jobs, conn, scripts, self.timeout)).await;
         }
         if let Some(error) = failed {
             return Err(error);
@@ -261,7 +261,7 @@ impl RedisBackend {
         let (conn, scripts) = (Arc::clone(&self.conn), Arc::clone(&self.scripts));
         let wire = Arc::new(wire);
         let sent = Arc::clone(&wire);
-        let mut task = tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let _busy = busy;
             let wire = sent;
             conn.restore_functions(&scripts);
@@ -306,40 +306,23 @@ impl RedisBackend {
                 }
             }
         });
-        let answer = match tokio::time::timeout(self.timeout, &mut task).await {
-            Ok(joined) => joined.map_err(|_| Error::backend(TimedOut(self.timeout)))?,
-            Err(_) => {
-                // The caller stops waiting: what the script allowed it, if
-                // its answer still comes, is given back.
-                let (conn, scripts, timeout) = (
-                    Arc::clone(&self.conn),
-                    Arc::clone(&self.scripts),
-                    self.timeout,
-                );
-                tokio::spawn(async move {
-                    let Ok(Ok((answers, time))) = task.await else {
-                        return;
-                    };
-                    let jobs: Vec<(StoredKey, Call)> = answers
-                        .iter()
-                        .zip(wire.iter())
-                        .filter_map(|(answer, (key, call))| match answer {
-                            ScriptAnswer::Ran(outcome) if outcome.allowed => {
-                                let now = match call.clock {
-                                    TimeSource::Server => time,
-                                    TimeSource::Fixed(now) => Some(now),
-                                };
-                                super::give_back::give_back_of(key, call, outcome, now)
-                            }
-                            _ => None,
-                        })
-                        .collect();
-                    if !jobs.is_empty() {
-                        batch::give_back(jobs, conn, scripts, timeout).await;
-                    }
-                });
-                return Err(Error::backend(TimedOut(self.timeout)));
+        // Dropped before the task ends (its caller gone, or out of time),
+        // the guard gives back what the script allowed, if its answer
+        // still comes.
+        let mut running = Running {
+            task: Some(task),
+            wire,
+            conn: Arc::clone(&self.conn),
+            scripts: Arc::clone(&self.scripts),
+            timeout: self.timeout,
+        };
+        let task = running.task.as_mut().expect("just set");
+        let answer = match tokio::time::timeout(self.timeout, task).await {
+            Ok(joined) => {
+                running.task = None;
+                joined.map_err(|_| Error::backend(TimedOut(self.timeout)))?
             }
+            Err(_) => return Err(Error::backend(TimedOut(self.timeout))),
         };
         let (answers, time) = answer?;
         if let Some(time) = time {
@@ -363,6 +346,78 @@ impl RedisBackend {
             .map(|&i| outcomes[i].expect("one answer per check"))
             .collect();
         Ok((outcomes, now))
+    }
+}
+
+/// A group's script call, its answer not yet read. Dropped so (its caller
+/// gone, or out of time), what the script allowed is given back when its
+/// answer comes: the caller was not told it passed.
+struct Running {
+    task: Option<JoinHandle<Result<(Vec<ScriptAnswer>, Option<u64>), Error>>>,
+    wire: Arc<Vec<(StoredKey, Call)>>,
+    conn: Arc<Conn>,
+    scripts: Arc<Scripts>,
+    timeout: Duration,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let Some(task) = self.task.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (wire, conn, scripts, timeout) = (
+            Arc::clone(&self.wire),
+            Arc::clone(&self.conn),
+            Arc::clone(&self.scripts),
+            self.timeout,
+        );
+        runtime.spawn(async move {
+            let Ok(Ok((answers, time))) = task.await else {
+                return;
+            };
+            let jobs: Vec<(StoredKey, Call)> = answers
+                .iter()
+                .zip(wire.iter())
+                .filter_map(|(answer, (key, call))| match answer {
+                    ScriptAnswer::Ran(outcome) if outcome.allowed => {
+                        let now = match call.clock {
+                            TimeSource::Server => time,
+                            TimeSource::Fixed(now) => Some(now),
+                        };
+                        super::give_back::give_back_of(key, call, outcome, now)
+                    }
+                    _ => None,
+                })
+                .collect();
+            if !jobs.is_empty() {
+                batch::give_back(jobs, conn, scripts, timeout).await;
+            }
+        });
+    }
+}
+
+/// What the groups of a set spread over masters took so far. Dropped with
+/// some (its caller gone between two groups), it gives them back.
+struct Taken {
+    jobs: Vec<(StoredKey, Call)>,
+    conn: Arc<Conn>,
+    scripts: Arc<Scripts>,
+    timeout: Duration,
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if self.jobs.is_empty() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let jobs = std::mem::take(&mut self.jobs);
+            let (conn, scripts) = (Arc::clone(&self.conn), Arc::clone(&self.scripts));
+            runtime.spawn(batch::give_back(jobs, conn, scripts, self.timeout));
+        }
     }
 }
 
