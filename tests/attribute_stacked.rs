@@ -53,6 +53,13 @@ async fn redis_global_first(user: &str) -> Result<(), RateLimited> {
     Ok(())
 }
 
+#[rate_limit(key = "t-{{org}}-user", by = arg(user), count = 5, period = 60, limiter = "tagged")]
+#[rate_limit(key = "t-{{org}}-global", count = 3, period = 60, limiter = "tagged")]
+async fn tagged(user: &str) -> Result<(), RateLimited> {
+    let _ = user;
+    Ok(())
+}
+
 /// Units left of a rule's budget, by its name and subject.
 async fn left(limiter: &RateLimiter, name: &str, subject: &str) -> u64 {
     let peek = limiter.peek_named(name, subject).await.unwrap();
@@ -122,6 +129,21 @@ where
     let subject = format!("arg:user:{user}");
     assert_eq!(left(limiter, names[0], &subject).await, 2, "{names:?}");
     assert_eq!(left(limiter, names[1], "").await, 0, "{names:?}");
+}
+
+/// Keys with a hash tag (`{{org}}` in the attribute, as the README advises
+/// on a cluster): the budgets are read by the rules' names as written.
+#[tokio::test]
+async fn budgets_of_keys_with_a_hash_tag_are_read_by_name() {
+    let limiter = RateLimiter::in_memory();
+    limiter.clone().install_as("tagged").unwrap();
+    let mut passed = 0;
+    for _ in 0..10 {
+        passed += usize::from(tagged("ann").await.is_ok());
+    }
+    assert_eq!(passed, 3);
+    assert_eq!(left(&limiter, "t-{{org}}-user", "arg:user:ann").await, 2);
+    assert_eq!(left(&limiter, "t-{{org}}-global", "").await, 0);
 }
 
 #[tokio::test]

@@ -267,10 +267,13 @@ pub(crate) fn named(name: &str, subject: &str) -> Result<Vec<(Rule, String)>, Er
             rule_names()
         )));
     }
+    // A hash tag is written `{{tag}}` in an attribute's key, and kept as
+    // `{tag}` in the key.
+    let written = name.replace("{{", "{").replace("}}", "}");
     Ok(rules
         .into_iter()
         .map(|w| {
-            let key = keys::key(w.prefix, w.keyed_as.unwrap_or(name), subject);
+            let key = keys::key(w.prefix, w.keyed_as.unwrap_or(&written), subject);
             (in_force(name, &w.rule), key)
         })
         .collect())
