@@ -89,6 +89,26 @@ async fn scenarios(limiter: &RateLimiter, tag: &str) {
         }
         assert_eq!(passed, 8, "{order}: the fourth user got her 2");
     }
+
+    // Both rules refuse: the refusal names the one whose budget comes back
+    // later (the day's, not the minute's), in either order.
+    let minute = Rule::fixed_window(1, MINUTE);
+    let day = Rule::fixed_window(1, Duration::from_secs(86_400));
+    let (m, d) = (
+        format!("limiter:{tag}:both:m"),
+        format!("limiter:{tag}:both:d"),
+    );
+    assert!(limiter.check(&minute, &m).await.unwrap().allowed);
+    assert!(limiter.check(&day, &d).await.unwrap().allowed);
+    for (set, day_at) in [
+        ([(&minute, m.as_str(), 1), (&day, d.as_str(), 1)], 1),
+        ([(&day, d.as_str(), 1), (&minute, m.as_str(), 1)], 0),
+    ] {
+        let verdict = limiter.check_all(&set).await.unwrap();
+        assert_eq!(verdict.refused(), Some(day_at));
+        let limited = verdict.rate_limited().unwrap();
+        assert!(limited.retry_after > MINUTE, "{limited:?}");
+    }
 }
 
 #[tokio::test]
