@@ -327,6 +327,7 @@ pub fn clear(name: &str) {
     table().put(Source::Api, name, None);
 }
 
+#[cfg_attr(not(feature = "toml"), allow(dead_code))]
 /// Checks `changes` as the whole of `source` (each with the other sources'
 /// fields), then makes them so; their number. On error, nothing changes.
 pub(crate) fn replace_all(
