@@ -378,7 +378,9 @@ pub(crate) fn replace_valid(
             Err(why) => refused.push((name, why)),
         }
     }
-    table.replace(source, kept);
+    if table.layers[source as usize] != kept {
+        table.replace(source, kept);
+    }
     refused
 }
 

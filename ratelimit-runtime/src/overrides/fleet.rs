@@ -34,12 +34,15 @@
 //! - The overrides are the process's, as all overrides are: they apply to a
 //!   rule whichever limiter checks it. One limiter feeds them: the last one
 //!   built with `fleet_overrides`. When it is dropped, reading stops and the
-//!   fleet's values no longer apply.
+//!   fleet's values no longer apply. The reading runs on the Tokio runtime
+//!   the limiter was built on; if that runtime ends first, the values last
+//!   read stay.
 //! - A rule named `overrides` with no subject would keep its budget at
 //!   `limiter:overrides`: name it otherwise, or choose another key.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::backend::redis::RedisBackend;
@@ -58,9 +61,14 @@ const MAX_QUOTED: usize = 64;
 /// How often, at most, a failing read is logged.
 const FAILURE_LOG_EVERY_MS: u64 = 60_000;
 
-/// The feed that writes the fleet's overrides now (0: none).
-static OWNER: AtomicU64 = AtomicU64::new(0);
+/// The feed that writes the fleet's overrides now (0: none), held while it
+/// writes them, so a feed dropped or replaced writes nothing after.
+static OWNER: Mutex<u64> = Mutex::new(0);
 static NEXT_FEED: AtomicU64 = AtomicU64::new(1);
+
+fn owner() -> MutexGuard<'static, u64> {
+    OWNER.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// One limiter's feed of the fleet's overrides: its reading task, stopped
 /// (and the fleet's values dropped, unless a newer feed took over) when the
@@ -76,10 +84,9 @@ impl Drop for Feed {
         if let Some(task) = &self.task {
             task.abort();
         }
-        if OWNER
-            .compare_exchange(self.id, 0, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
+        let mut owner = owner();
+        if *owner == self.id {
+            *owner = 0;
             registry::replace_valid(Source::Fleet, Vec::new());
         }
     }
@@ -89,7 +96,7 @@ impl Drop for Feed {
 /// once now, then every [`READ_EVERY`] in a task on the current runtime.
 pub(crate) async fn start(redis: &RedisBackend, key: &str) -> Feed {
     let id = NEXT_FEED.fetch_add(1, Ordering::Relaxed);
-    OWNER.store(id, Ordering::Release);
+    *owner() = id;
     let mut reader = Reader::new(id);
     reader.read(redis, key).await;
     let task = match tokio::runtime::Handle::try_current() {
@@ -100,7 +107,7 @@ pub(crate) async fn start(redis: &RedisBackend, key: &str) -> Feed {
                     .spawn(async move {
                         loop {
                             tokio::time::sleep(READ_EVERY).await;
-                            if OWNER.load(Ordering::Acquire) != id {
+                            if *owner() != id {
                                 return;
                             }
                             reader.read(&redis, &key).await;
@@ -152,7 +159,14 @@ impl Reader {
     /// force.
     async fn read(&mut self, redis: &RedisBackend, key: &str) {
         match redis.read_hash(key).await {
-            Ok(hash) if OWNER.load(Ordering::Acquire) == self.id => {
+            Ok(hash) => {
+                let problems = {
+                    let owner = owner();
+                    if *owner != self.id {
+                        return;
+                    }
+                    apply(&hash)
+                };
                 if let Some(since) = self.failing.take() {
                     tracing::info!(
                         key,
@@ -160,7 +174,7 @@ impl Reader {
                         "fleet overrides read from Redis again"
                     );
                 }
-                for problem in self.fresh(apply(&hash)) {
+                for problem in self.fresh(problems) {
                     match problem {
                         Problem::Bad(why) => tracing::warn!(key, "fleet override left out: {why}"),
                         Problem::Unknown(why) => {
@@ -169,7 +183,6 @@ impl Reader {
                     }
                 }
             }
-            Ok(_) => {}
             Err(error) => {
                 let now = process_millis();
                 let since = *self.failing.get_or_insert(now);
@@ -249,7 +262,12 @@ fn parse(hash: &BTreeMap<Vec<u8>, Vec<u8>>) -> (Vec<(String, RuleOverride)>, BTr
                 changes.insert(name.to_owned(), change);
             }
             Err(error) => {
-                problems.insert(Problem::Bad(format!("field {shown}: {}", reason(&error))));
+                let why = reason(&error);
+                // The field already names the rule.
+                let why = why
+                    .strip_prefix(&format!("override for `{name}`: "))
+                    .unwrap_or(&why);
+                problems.insert(Problem::Bad(format!("field {shown}: {why}")));
             }
         }
     }
@@ -276,8 +294,6 @@ fn quoted(text: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Mutex, PoisonError};
-
     use super::*;
     use crate::rule::Rule;
 
