@@ -168,6 +168,8 @@ impl Reader {
                     apply(&hash)
                 };
                 if let Some(since) = self.failing.take() {
+                    // The next outage is logged at once.
+                    self.next_failure_log = 0;
                     tracing::info!(
                         key,
                         failing_for_s = (process_millis() - since) / 1000,
