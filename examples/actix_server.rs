@@ -30,6 +30,10 @@
 //! - `RATELIMIT_OVERRIDES_FILE` (a TOML file with `[rules.NAME]` tables):
 //!   read at start-up and again whenever it changes, while serving; a bad
 //!   file is reported and changes nothing.
+//!   With `REDIS_URL`, the fleet-wide overrides in the Redis hash
+//!   `limiter:overrides` apply too, within a second of a change, above the
+//!   environment's and the file's:
+//!   `redis-cli HSET limiter:overrides ip_limit_test.count 5`.
 //! - `BENCH_ONLY` (`limited`, `plain`, `fields` or `middleware`): serve only that one of the
 //!   HTTP benchmark's endpoints (`scripts/bench-http` runs a server for each,
 //!   so that each is routed alike: actix tries an app's resources in the order

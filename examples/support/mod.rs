@@ -112,13 +112,15 @@ pub(crate) fn with_key_secret(builder: RateLimiterBuilder) -> RateLimiterBuilder
     }
 }
 
-/// The limiter: on Redis at `REDIS_URL`, else in process memory, with the
-/// key secret `RATELIMIT_KEY_SECRET`; and where that is, to print.
+/// The limiter: on Redis at `REDIS_URL` (reading the fleet's overrides),
+/// else in process memory, with the key secret `RATELIMIT_KEY_SECRET`; and
+/// where that is, to print.
 pub(crate) async fn limiter() -> io::Result<(RateLimiter, String)> {
     let mut builder = with_key_secret(RateLimiter::builder());
     let backend = match std::env::var("REDIS_URL") {
         Ok(url) => {
-            builder = builder.redis(url.as_str());
+            // The overrides in the hash `limiter:overrides` apply too.
+            builder = builder.redis(url.as_str()).fleet_overrides(true);
             // Printed: without its password.
             format!("Redis at {}", redact_url(&url))
         }

@@ -19,19 +19,50 @@
 //!   shadow = true
 //!   ```
 //! - from code, at any time: [`set`], [`clear`]; or by re-reading the file
-//!   while running: [`reload_toml`] (the file becomes the whole truth).
+//!   while running: [`reload_toml`] (the file becomes the whole truth of
+//!   what the environment and files set);
+//! - for the whole fleet, from a hash in Redis that every instance built
+//!   with [`RateLimiterBuilder::fleet_overrides`](crate::RateLimiterBuilder::fleet_overrides)
+//!   reads twice a second (see [`fleet`]):
+//!   `redis-cli HSET limiter:overrides search.count 50 search.shadow true`.
+//!
+//! # Precedence
+//!
+//! Each setting of a rule is taken from the first of these that sets it:
+//!
+//! 1. [`set`] (this process's code: an admin endpoint, a test);
+//! 2. the fleet's hash in Redis;
+//! 3. the environment and files ([`load_env`], [`load_str`], [`load_toml`],
+//!    [`reload_toml`]; a later load replaces an earlier one's rules);
+//! 4. the rule as written.
+//!
+//! So a setting cleared in one source (`clear`, `HDEL`, a line removed from
+//! the file) falls back to the next one's, and one source can set `count`
+//! while another sets `shadow`. [`in_force`] says what applies now.
 //!
 //! An override naming no rule, or with a value the rule cannot take (a
 //! `count` or `burst` under the `cost` of a call), is an [`Error::Config`]
 //! that says which and why, and changes nothing. Where call sites and
 //! middleware share a name with different rules, the override applies to
-//! each and must suit every one.
+//! each and must suit every one. A bad entry in the fleet's hash is no
+//! error of anyone's call: it is logged once and left out, the rest
+//! applies.
 
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::registry::check;
+use crate::registry::Source;
+
+#[cfg(feature = "redis")]
+pub mod fleet;
 pub use crate::registry::{RuleOverride, clear, rule_names, set};
+
+/// The override in force for rule `name` now, each setting taken from the
+/// source that wins it (see [Precedence](self#precedence)); `None` when no
+/// source sets any.
+pub fn in_force(name: &str) -> Option<RuleOverride> {
+    crate::registry::merged(name)
+}
 
 /// Parses a period: whole seconds, or a number with `ms`, `s`, `m` or `h`.
 fn period(text: &str) -> Result<Duration, String> {
@@ -123,14 +154,14 @@ pub fn load_toml(path: impl AsRef<std::path::Path>) -> Result<usize, Error> {
     apply_all(read_toml(path.as_ref())?)
 }
 
-/// Makes the TOML file the whole truth: checks every entry, then replaces
-/// all overrides (also ones set with [`set`]) with the file's. On error,
-/// nothing changes. For a file watched while running (feature `toml`).
+/// Makes the TOML file the whole truth of the environment's and files'
+/// overrides: checks every entry, then replaces what [`load_env`],
+/// [`load_str`], [`load_toml`] and earlier reloads set with the file's
+/// (those of [`set`] and the fleet's stay, above it). On error, nothing
+/// changes. For a file watched while running (feature `toml`).
 #[cfg(feature = "toml")]
 pub fn reload_toml(path: impl AsRef<std::path::Path>) -> Result<usize, Error> {
-    let changes = read_toml(path.as_ref())?;
-    check_all(&changes)?;
-    Ok(crate::registry::replace_all(changes))
+    crate::registry::replace_all(Source::Config, read_toml(path.as_ref())?)
 }
 
 #[cfg(feature = "toml")]
@@ -176,17 +207,5 @@ fn read_toml(path: &std::path::Path) -> Result<Vec<(String, RuleOverride)>, Erro
 }
 
 fn apply_all(changes: Vec<(String, RuleOverride)>) -> Result<usize, Error> {
-    check_all(&changes)?;
-    let count = changes.len();
-    for (name, change) in changes {
-        set(&name, change)?;
-    }
-    Ok(count)
-}
-
-/// Checks every override: a bad one means none is applied.
-fn check_all(changes: &[(String, RuleOverride)]) -> Result<(), Error> {
-    changes
-        .iter()
-        .try_for_each(|(name, change)| check(name, change))
+    crate::registry::set_all(Source::Config, changes)
 }

@@ -146,8 +146,111 @@ pub struct RuleOverride {
     pub shadow: Option<bool>,
 }
 
+/// Where an override comes from. Each field of a rule's override is taken
+/// from the first source, in this order, that sets it; a field none sets
+/// keeps the rule's own value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// [`set`] and [`clear`]: this process's code.
+    Api = 0,
+    /// The fleet's hash in Redis (`RateLimiterBuilder::fleet_overrides`).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Fleet = 1,
+    /// The environment and files (`load_env`, `load_toml`, `reload_toml`).
+    Config = 2,
+}
+
+/// The overrides of each source, and what they make together.
+struct Table {
+    layers: [Vec<(String, RuleOverride)>; 3],
+    /// Each overridden rule's fields, merged by precedence.
+    merged: Vec<(String, RuleOverride)>,
+}
+
 static ACTIVE: AtomicBool = AtomicBool::new(false);
-static TABLE: RwLock<Vec<(String, RuleOverride)>> = RwLock::new(Vec::new());
+static TABLE: RwLock<Table> = RwLock::new(Table {
+    layers: [Vec::new(), Vec::new(), Vec::new()],
+    merged: Vec::new(),
+});
+
+impl RuleOverride {
+    /// Each field of `self`, or of `lower` where `self` has none.
+    fn or(self, lower: RuleOverride) -> RuleOverride {
+        RuleOverride {
+            count: self.count.or(lower.count),
+            period: self.period.or(lower.period),
+            burst: self.burst.or(lower.burst),
+            shadow: self.shadow.or(lower.shadow),
+        }
+    }
+}
+
+impl Table {
+    /// What `name`'s override would be with `change` as its entry in
+    /// `source` (`None`: no entry there).
+    fn merged_with(
+        &self,
+        source: Source,
+        name: &str,
+        change: Option<RuleOverride>,
+    ) -> RuleOverride {
+        let mut merged = RuleOverride::default();
+        for (i, layer) in self.layers.iter().enumerate() {
+            let entry = if i == source as usize {
+                change
+            } else {
+                layer.iter().find(|(n, _)| n == name).map(|(_, c)| *c)
+            };
+            merged = merged.or(entry.unwrap_or_default());
+        }
+        merged
+    }
+
+    /// Sets (`Some`) or removes `name`'s entry in `source`.
+    fn put(&mut self, source: Source, name: &str, change: Option<RuleOverride>) {
+        let layer = &mut self.layers[source as usize];
+        layer.retain(|(n, _)| n != name);
+        layer.extend(change.map(|c| (name.to_owned(), c)));
+        self.merge();
+    }
+
+    /// Makes `changes` the whole of `source`.
+    fn replace(&mut self, source: Source, changes: Vec<(String, RuleOverride)>) {
+        self.layers[source as usize] = changes;
+        self.merge();
+    }
+
+    fn merge(&mut self) {
+        let mut names: Vec<&str> = self
+            .layers
+            .iter()
+            .flatten()
+            .map(|(n, _)| n.as_str())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let merged: Vec<(String, RuleOverride)> = names
+            .into_iter()
+            .map(|name| {
+                let change = self
+                    .layers
+                    .iter()
+                    .fold(RuleOverride::default(), |merged, layer| {
+                        let entry = layer.iter().find(|(n, _)| n == name).map(|(_, c)| *c);
+                        merged.or(entry.unwrap_or_default())
+                    });
+                (name.to_owned(), change)
+            })
+            .filter(|(_, change)| *change != RuleOverride::default())
+            .collect();
+        self.merged = merged;
+        ACTIVE.store(!self.merged.is_empty(), Ordering::Release);
+    }
+}
+
+fn table() -> std::sync::RwLockWriteGuard<'static, Table> {
+    TABLE.write().unwrap_or_else(PoisonError::into_inner)
+}
 
 fn apply(base: &Rule, change: &RuleOverride) -> Result<Rule, String> {
     let count = change.count.unwrap_or(base.count());
@@ -168,19 +271,26 @@ fn apply(base: &Rule, change: &RuleOverride) -> Result<Rule, String> {
     Rule::try_new(base.algorithm(), count, period, burst).map(|rule| rule.keeping_options(base))
 }
 
-/// Sets (or replaces) the override of rule `name`, effective for the next call.
+/// Sets (or replaces) the override of rule `name` made from code, effective
+/// for the next call. It comes before every other source of overrides: each
+/// field it sets wins over the fleet's (Redis) and the environment's or a
+/// file's; a field it leaves `None` is theirs, or the rule's own.
 ///
 /// # Errors
 ///
-/// [`Error::Config`] if no rule has that name, the values do not make a
-/// valid rule, or the rule would hold fewer units than a call under it takes
-/// (its `cost`).
+/// [`Error::Config`] if no rule has that name, the values (with the other
+/// sources' fields it leaves) do not make a valid rule, or the rule would
+/// hold fewer units than a call under it takes (its `cost`).
 pub fn set(name: &str, change: RuleOverride) -> Result<(), Error> {
-    check(name, &change)?;
-    let mut table = TABLE.write().unwrap_or_else(PoisonError::into_inner);
-    table.retain(|(n, _)| n != name);
-    table.push((name.to_owned(), change));
-    ACTIVE.store(true, Ordering::Release);
+    set_in(Source::Api, name, change)
+}
+
+/// Sets `name`'s entry in `source`, if with the other sources' it makes a
+/// rule its calls can pass.
+pub(crate) fn set_in(source: Source, name: &str, change: RuleOverride) -> Result<(), Error> {
+    let mut table = table();
+    check(name, &table.merged_with(source, name, Some(change)))?;
+    table.put(source, name, Some(change));
     Ok(())
 }
 
@@ -210,20 +320,76 @@ pub(crate) fn check(name: &str, change: &RuleOverride) -> Result<(), Error> {
     Ok(())
 }
 
-/// Removes the override of rule `name` (the rule as written applies again).
+/// Removes the override of rule `name` made with [`set`]: the next source's
+/// fields apply again (the fleet's, the environment's or a file's), or the
+/// rule as written.
 pub fn clear(name: &str) {
-    let mut table = TABLE.write().unwrap_or_else(PoisonError::into_inner);
-    table.retain(|(n, _)| n != name);
-    ACTIVE.store(!table.is_empty(), Ordering::Release);
+    table().put(Source::Api, name, None);
 }
 
 #[cfg_attr(not(feature = "toml"), allow(dead_code))]
-/// Makes `changes` the whole table (each already [`check`]ed); their number.
-pub(crate) fn replace_all(changes: Vec<(String, RuleOverride)>) -> usize {
-    let mut table = TABLE.write().unwrap_or_else(PoisonError::into_inner);
-    *table = changes;
-    ACTIVE.store(!table.is_empty(), Ordering::Release);
-    table.len()
+/// Checks `changes` as the whole of `source` (each with the other sources'
+/// fields), then makes them so; their number. On error, nothing changes.
+pub(crate) fn replace_all(
+    source: Source,
+    changes: Vec<(String, RuleOverride)>,
+) -> Result<usize, Error> {
+    let mut table = table();
+    for (name, change) in &changes {
+        check(name, &table.merged_with(source, name, Some(*change)))?;
+    }
+    let count = changes.len();
+    table.replace(source, changes);
+    Ok(count)
+}
+
+/// Sets each of `changes` in `source` (replacing its entry for that name),
+/// if every one makes with the other sources' fields a rule its calls can
+/// pass; their number. On error, nothing changes.
+pub(crate) fn set_all(
+    source: Source,
+    changes: Vec<(String, RuleOverride)>,
+) -> Result<usize, Error> {
+    let mut table = table();
+    for (name, change) in &changes {
+        check(name, &table.merged_with(source, name, Some(*change)))?;
+    }
+    let count = changes.len();
+    for (name, change) in changes {
+        table.put(source, &name, Some(change));
+    }
+    Ok(count)
+}
+
+/// Makes `changes` the whole of `source`, leaving out (and returning, with
+/// why) each that does not make with the other sources' fields a rule its
+/// calls can pass.
+#[cfg(feature = "redis")]
+pub(crate) fn replace_valid(
+    source: Source,
+    changes: Vec<(String, RuleOverride)>,
+) -> Vec<(String, Error)> {
+    let mut table = table();
+    let mut refused = Vec::new();
+    let mut kept = Vec::with_capacity(changes.len());
+    for (name, change) in changes {
+        match check(&name, &table.merged_with(source, &name, Some(change))) {
+            Ok(()) => kept.push((name, change)),
+            Err(why) => refused.push((name, why)),
+        }
+    }
+    if table.layers[source as usize] != kept {
+        table.replace(source, kept);
+    }
+    refused
+}
+
+/// The override in force for rule `name`, its fields merged from every
+/// source by precedence; `None` when none sets any.
+pub(crate) fn merged(name: &str) -> Option<RuleOverride> {
+    let table = TABLE.read().unwrap_or_else(PoisonError::into_inner);
+    let (_, change) = table.merged.iter().find(|(n, _)| n == name)?;
+    Some(*change)
 }
 
 /// The override in force for rule `name`, if any: the rule to use instead
@@ -238,10 +404,9 @@ pub(crate) fn effective(name: &str, rule: &Rule, shadow: bool) -> Option<(Rule, 
 
 #[cold]
 fn overridden(name: &str, rule: &Rule, shadow: bool) -> Option<(Rule, bool)> {
-    let table = TABLE.read().unwrap_or_else(PoisonError::into_inner);
-    let (_, change) = table.iter().find(|(n, _)| n == name)?;
+    let change = merged(name)?;
     Some((
-        apply(rule, change).unwrap_or(*rule),
+        apply(rule, &change).unwrap_or(*rule),
         change.shadow.unwrap_or(shadow),
     ))
 }

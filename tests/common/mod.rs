@@ -538,3 +538,22 @@ pub fn worker(test: &str, env: &str, value: impl AsRef<std::ffi::OsStr>) -> std:
         .spawn()
         .expect("running this test binary as a worker")
 }
+
+/// [`worker`] told what to do while it runs: its standard input piped (one
+/// request a line), its environment given `envs`.
+pub fn talking_worker(test: &str, envs: &[(&str, &str)]) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            test,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .envs(envs.iter().copied())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("running this test binary as a worker")
+}

@@ -44,6 +44,9 @@ pub struct RateLimiterBuilder {
     per_check_calls: bool,
     #[cfg(feature = "redis")]
     no_functions: bool,
+    /// The hash of the fleet's overrides, when read.
+    #[cfg(feature = "redis")]
+    fleet_overrides: Option<String>,
 }
 
 /// What a builder prints: no password of a URL, no key secret, no
@@ -60,7 +63,8 @@ impl fmt::Debug for RateLimiterBuilder {
         #[cfg(feature = "redis")]
         out.field("timeout", &self.timeout)
             .field("over_limit_cache", &self.over_limit_cache)
-            .field("start_degraded", &self.start_degraded);
+            .field("start_degraded", &self.start_degraded)
+            .field("fleet_overrides", &self.fleet_overrides);
         out.finish_non_exhaustive()
     }
 }
@@ -145,6 +149,36 @@ impl RateLimiterBuilder {
     #[cfg(feature = "redis")]
     pub fn over_limit_cache(mut self, enabled: bool) -> Self {
         self.over_limit_cache = enabled;
+        self
+    }
+
+    /// Apply the overrides kept in Redis for the whole fleet (off by
+    /// default): the hash [`limiter:overrides`](crate::overrides::fleet::DEFAULT_KEY),
+    /// read when the limiter is built and then twice a second, so a change
+    /// made there (`redis-cli HSET limiter:overrides search.count 50`)
+    /// applies on every instance within a second; while Redis cannot be
+    /// read, the values last read stay in force. Their place among the
+    /// other sources of overrides, the format and what happens to a bad
+    /// entry: see [`overrides::fleet`](crate::overrides::fleet).
+    ///
+    /// Off by default because whoever may write that key then sets the
+    /// program's limits, and because overrides are the process's: with
+    /// several limiters in one process, one of them reads them (the last
+    /// built with this on). Needs the Redis backend; reading stops when
+    /// the limiter (with its clones) is dropped, and the fleet's values
+    /// then no longer apply.
+    #[cfg(feature = "redis")]
+    pub fn fleet_overrides(mut self, enabled: bool) -> Self {
+        self.fleet_overrides = enabled.then(|| crate::overrides::fleet::DEFAULT_KEY.to_owned());
+        self
+    }
+
+    /// [`fleet_overrides`](Self::fleet_overrides) read from the hash at
+    /// `key` instead of `limiter:overrides` (one per application sharing a
+    /// Redis, or a key your ACL lets the limiter's user read).
+    #[cfg(feature = "redis")]
+    pub fn fleet_overrides_key(mut self, key: impl Into<String>) -> Self {
+        self.fleet_overrides = Some(key.into());
         self
     }
 
@@ -347,20 +381,34 @@ impl RateLimiterBuilder {
     /// # Errors
     ///
     /// [`Error::Config`] for a malformed Redis URL (its password left out of
-    /// the message), or a Redis (or custom) backend without a
+    /// the message), [`fleet_overrides`](Self::fleet_overrides) without
+    /// the Redis backend, or a Redis (or custom) backend without a
     /// [`key_secret`](Self::key_secret) in a program that limits by a
     /// request header; [`Error::Backend`] if
     /// Redis cannot be reached (or the scripts loaded) within the connect
     /// timeout.
     pub async fn build(mut self) -> Result<RateLimiter, Error> {
         let secret = self.secret()?;
+        #[cfg(feature = "redis")]
+        if self.fleet_overrides.is_some() && !matches!(self.backend, BackendChoice::Redis(_)) {
+            return Err(Error::Config(
+                "fleet_overrides reads the overrides from Redis: choose the Redis backend \
+                 (RateLimiterBuilder::redis)"
+                    .to_owned(),
+            ));
+        }
         let clock = self.clock.take();
         let backend = std::mem::take(&mut self.backend);
+        #[cfg(feature = "redis")]
+        let mut fleet = None;
         let store: Arc<dyn Store> = match backend {
             BackendChoice::Memory => Arc::new(self.memory(clock)),
             #[cfg(feature = "redis")]
             BackendChoice::Redis(target) => {
                 let redis = RedisBackend::connect(target, self.connect_options()).await?;
+                if let Some(key) = &self.fleet_overrides {
+                    fleet = Some(Arc::new(crate::overrides::fleet::start(&redis, key).await));
+                }
                 self.redis_store(redis, clock)
             }
             BackendChoice::Custom(backend) => {
@@ -371,6 +419,8 @@ impl RateLimiterBuilder {
             on_error: self.on_error,
             shadow: self.shadow,
             secret,
+            #[cfg(feature = "redis")]
+            fleet,
             ..RateLimiter::from_store(store)
         })
     }

@@ -76,6 +76,11 @@ pub struct RateLimiter {
     /// The secret of the keyed digests in its keys (its `Debug` is redacted).
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
     secret: KeySecret,
+    /// The task that reads the fleet's overrides for it, stopped when the
+    /// last clone is dropped.
+    #[cfg(feature = "redis")]
+    #[allow(dead_code)]
+    fleet: Option<Arc<crate::overrides::fleet::Feed>>,
 }
 
 impl RateLimiter {
@@ -101,6 +106,8 @@ impl RateLimiter {
             on_error: OnError::default(),
             shadow: false,
             secret: KeySecret::Process,
+            #[cfg(feature = "redis")]
+            fleet: None,
         }
     }
 

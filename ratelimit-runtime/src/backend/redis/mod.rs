@@ -8,6 +8,7 @@
 mod batch;
 mod codec;
 mod connection;
+mod fleet;
 mod give_back;
 #[cfg(feature = "testing")]
 pub(crate) mod hooks;
