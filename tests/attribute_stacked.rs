@@ -157,9 +157,9 @@ async fn stacked_attributes_are_one_decision_on_redis() {
         .unwrap();
     limiter.clone().install_as("redis").unwrap();
     let names = ["r-user-first", "r-user-first-global"];
-    at_once(&limiter, |user| redis_user_first(user), "ann", names).await;
+    at_once(&limiter, redis_user_first, "ann", names).await;
     let names = ["r-global-first", "r-global-first-global"];
-    at_once(&limiter, |user| redis_global_first(user), "bob", names).await;
+    at_once(&limiter, redis_global_first, "bob", names).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -349,11 +349,14 @@ impl RedisBackend {
     }
 }
 
+/// A script call's answers, and the server's time it ran at.
+type Answers = (Vec<ScriptAnswer>, Option<u64>);
+
 /// A group's script call, its answer not yet read. Dropped so (its caller
 /// gone, or out of time), what the script allowed is given back when its
 /// answer comes: the caller was not told it passed.
 struct Running {
-    task: Option<JoinHandle<Result<(Vec<ScriptAnswer>, Option<u64>), Error>>>,
+    task: Option<JoinHandle<Result<Answers, Error>>>,
     wire: Arc<Vec<(StoredKey, Call)>>,
     conn: Arc<Conn>,
     scripts: Arc<Scripts>,
