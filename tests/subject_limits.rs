@@ -65,6 +65,27 @@ async fn behaves(limiter: &RateLimiter, tag: &str) {
     let decision = limiter.check_cost(&BUCKET, &tiny, 3).await.unwrap();
     assert!(!decision.allowed && decision.retry_after > Duration::ZERO);
     assert!(limiter.check(&BUCKET, &tiny).await.unwrap().allowed);
+
+    // A window's own count has no burst × period bound (a bucket's has):
+    // 100,000 a day holds.
+    let daily = Rule::fixed_window(10, Duration::from_secs(86_400)).with_subject_limits();
+    let key = format!("limiter:{tag}:daily:tenant:42");
+    let own = Some(SubjectLimit::new(100_000));
+    limiter.set_subject_limit(&daily, &key, own).await.unwrap();
+    assert_eq!(limiter.check(&daily, &key).await.unwrap().limit, 100_000);
+
+    // A call that waits its turn under the subject's own rate (20 a second,
+    // a burst of 1) reports its limit too.
+    let paced = Rule::token_bucket(2, Duration::from_secs(1)).with_subject_limits();
+    let key = format!("limiter:{tag}:paced:tenant:42");
+    let own = Some(SubjectLimit::new(20).with_burst(1));
+    limiter.set_subject_limit(&paced, &key, own).await.unwrap();
+    let wait = Duration::from_secs(2);
+    for _ in 0..2 {
+        let decision = limiter.until_ready(&paced, &key, 1, wait).await.unwrap();
+        assert!(decision.allowed);
+        assert_eq!(decision.limit, 20);
+    }
 }
 
 #[tokio::test]

@@ -389,8 +389,8 @@ impl Rule {
 
     /// The same rule, but each check first reads the limit its subject may
     /// have of its own (set with
-    /// [`RateLimiter::set_limit`](crate::RateLimiter::set_limit) or
-    /// [`set_limit_named`](crate::RateLimiter::set_limit_named), on Redis
+    /// [`RateLimiter::set_subject_limit`](crate::RateLimiter::set_subject_limit) or
+    /// [`set_subject_limit_named`](crate::RateLimiter::set_subject_limit_named), on Redis
     /// also with `redis-cli`): "tenant 42 is on the enterprise plan, 1,000 a
     /// second". A subject without one has the rule's `count` and `burst`.
     /// On Redis the check's own script reads it, in the same round trip (at

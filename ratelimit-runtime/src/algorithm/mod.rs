@@ -464,7 +464,7 @@ impl Reservation {
                 // When the budget is whole, counted from when the call goes.
                 reset_after_us: outcome.reset_after_us - outcome.retry_after_us,
                 retry_after_us: 0,
-                limit: 0,
+                limit: outcome.limit,
             },
             wait_us: outcome.retry_after_us,
             position: outcome.remaining,

@@ -138,8 +138,9 @@ local function limit_number(value)
     return nil
 end
 -- The count and burst in force for `key`: its own, where it has a valid
--- one, else the rule's. A bucket's burst × period stays under 2^52.
-local function subject_limit(key, count, burst, period)
+-- one, else the rule's. A bucket's (`limits` 2) burst × period stays under
+-- 2^52.
+local function subject_limit(key, count, burst, period, limits)
     local at = limit_key(key)
     if not at then return count, burst end
     local stored = redis_pcall('HMGET', at, 'count', 'burst')
@@ -147,7 +148,7 @@ local function subject_limit(key, count, burst, period)
     local own = limit_number(stored[1])
     if not own then return count, burst end
     local bucket = limit_number(stored[2]) or own
-    if bucket * period > 4503599627370496 then return count, burst end
+    if limits == 2 and bucket * period > 4503599627370496 then return count, burst end
     applied[key] = own
     return own, bucket
 end
@@ -176,7 +177,7 @@ end
 -- whose cost is over the subject's capacity is refused (it never fits).
 local function step(check, first, key, now, slack, count, burst, period, cost, id, limits)
     if limits and limits > 0 then
-        count, burst = subject_limit(key, count, burst, period)
+        count, burst = subject_limit(key, count, burst, period, limits)
         if not first and cost > (limits == 2 and burst or count) then
             return 0, 0, 0, period
         end
