@@ -239,6 +239,25 @@ async fn a_block_held_is_spent_while_redis_is_down_then_the_policy_answers() {
     );
 }
 
+/// Redis hangs (paused) while a call needs a block: the call is answered
+/// by its policy when the block's call times out (500 ms), not sent again
+/// to wait as long once more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_that_times_out_is_answered_by_the_policy_at_once() {
+    let server = RedisServer::start();
+    let limiter = denying_limiter(&server).await;
+    let rule = Rule::fixed_window(COUNT, PERIOD).with_local_quota(100);
+    assert!(limiter.check(&rule, "limiter:warm").await.unwrap().allowed);
+    server.pause();
+    let sent = Instant::now();
+    let answer = limiter.check(&rule, "limiter:hang").await;
+    let took = sent.elapsed();
+    server.resume();
+    assert!(matches!(answer, Err(Error::Backend(_))), "{answer:?}");
+    // One deadline (500 ms), with a wide margin; sent again, two.
+    assert!(took < Duration::from_millis(900), "took {took:?}");
+}
+
 /// What is left of a GCRA block when its time is up (a tenth of the
 /// period, here 400 ms) is given back to the bucket: Redis ends with only
 /// the units that passed taken.

@@ -105,6 +105,17 @@ impl<B: Backend> Failover<B> {
             let trip = self.inner.__round_trip(Sealed::NEW, &error);
             self.breaker.failed(trip, &error, call.on_error);
         }
+        self.by_policy(call, error)
+    }
+
+    /// `call` answered by its failure policy alone, for a failure the
+    /// breaker has counted already (a local quota's block that failed: the
+    /// call is not sent again).
+    pub(crate) fn by_policy(
+        &self,
+        call: &BackendCall<'_>,
+        error: Error,
+    ) -> Result<Answered, Error> {
         match call.on_error {
             OnError::Local => {
                 let mut answer = self.insurance.answer(call);

@@ -355,9 +355,11 @@ impl<B: Backend> LocalQuotas<B> {
             };
             let answer = match self.inner.__answer(Sealed::NEW, block).await {
                 Ok(answer) => answer,
-                Err(Error::Backend(_)) => {
+                Err(error @ Error::Backend(_)) => {
+                    // Answered by the call's own policy at once: sent again,
+                    // it would wait as long again on a Redis that hangs.
                     drop(taking);
-                    return self.inner.__answer(Sealed::NEW, call).await;
+                    return self.inner.by_policy(&call, error);
                 }
                 Err(error) => return Err(error),
             };

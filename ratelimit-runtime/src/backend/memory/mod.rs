@@ -284,7 +284,7 @@ impl MemoryBackend {
     /// gives back.
     pub fn charge_now(&self, rule: &Rule, key: &str, cost: u64) -> (Decision, Option<Charge>) {
         let rule = &self.in_force(rule, key);
-        if cost > rule.capacity() {
+        if rule.reads_subject_limits() && cost > rule.capacity() {
             return (never_fits(rule), None);
         }
         let (outcome, now) = self.update(rule, key, |slot, now| {
@@ -300,7 +300,7 @@ impl MemoryBackend {
     /// Takes `cost` units of a concurrency rule for lease `id`.
     pub(crate) fn acquire_now(&self, rule: &Rule, key: &str, cost: u64, id: u64) -> Decision {
         let rule = &self.in_force(rule, key);
-        if cost > rule.capacity() {
+        if rule.reads_subject_limits() && cost > rule.capacity() {
             return never_fits(rule);
         }
         let (outcome, _) = self.update(rule, key, |slot, now| {
@@ -336,7 +336,7 @@ impl MemoryBackend {
     ) -> Option<(algorithm::Reservation, u64)> {
         algorithm::spec(rule.algorithm()).wait.as_ref()?;
         let rule = &self.in_force(rule, key);
-        if cost > rule.capacity() {
+        if rule.reads_subject_limits() && cost > rule.capacity() {
             let outcome = algorithm::Outcome {
                 allowed: false,
                 remaining: 0,

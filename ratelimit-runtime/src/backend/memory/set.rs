@@ -40,7 +40,10 @@ impl MemoryBackend {
                     .zip(rules)
                     .map(|(c, rule)| RuleCheck { rule, ..*c })
                     .collect();
-                if limited.iter().any(|c| c.cost > c.rule.capacity()) {
+                if limited
+                    .iter()
+                    .any(|c| c.rule.reads_subject_limits() && c.cost > c.rule.capacity())
+                {
                     return self.never_fit(&limited);
                 }
                 &limited[..]
@@ -67,7 +70,7 @@ impl MemoryBackend {
         checks
             .iter()
             .map(|c| {
-                let decision = if c.cost > c.rule.capacity() {
+                let decision = if c.rule.reads_subject_limits() && c.cost > c.rule.capacity() {
                     super::never_fits(c.rule)
                 } else {
                     self.peek_now(c.rule, c.key)

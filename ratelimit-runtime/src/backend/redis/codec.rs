@@ -176,6 +176,18 @@ impl Call {
         Call { set, ..self }
     }
 
+    /// A look at the same rule and key instead (a peek: what a check of
+    /// cost 1 would answer), writing nothing.
+    pub(super) fn looking(&self) -> Call {
+        Call {
+            op: Op::Peek(self.algorithm),
+            cost: 1,
+            lease: None,
+            position: None,
+            ..*self
+        }
+    }
+
     /// Its lease id as the script reads it (a cancel's with its
     /// reservation's position).
     fn lease_arg(&self) -> Option<Vec<u8>> {

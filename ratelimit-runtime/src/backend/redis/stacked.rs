@@ -81,13 +81,24 @@ impl RedisBackend {
             scripts: Arc::clone(&self.scripts),
             timeout: self.timeout,
         };
+        // Once a group refused, the later ones are only looked at (a peek
+        // each): taking from them to give back at once would hold units
+        // other calls are refused by meanwhile.
+        let mut looks: Option<Vec<Call>> = None;
         for group in &groups {
-            match self.send_whole(group, &keys, &calls).await {
+            let sent = looks.as_deref().unwrap_or(&calls);
+            match self.send_whole(group, &keys, sent).await {
                 Ok((outcomes, now)) => {
                     // A group is all or nothing: a refused one took nothing.
                     let passed = outcomes.iter().all(|o| o.allowed);
-                    for (&i, outcome) in group.members.iter().zip(outcomes) {
-                        if passed
+                    for (&i, mut outcome) in group.members.iter().zip(outcomes) {
+                        if looks.is_some() {
+                            // What a check of its cost would leave.
+                            if outcome.allowed {
+                                outcome.remaining =
+                                    (outcome.remaining + 1).saturating_sub(calls[i].cost);
+                            }
+                        } else if passed
                             && groups.len() > 1
                             && let Some(job) =
                                 super::give_back::give_back_of(&keys[i], &calls[i], &outcome, now)
@@ -95,6 +106,17 @@ impl RedisBackend {
                             holding.jobs.push(job);
                         }
                         ran[i] = Some((outcome, now));
+                    }
+                    if !passed && looks.is_none() {
+                        looks = Some(calls.iter().map(Call::looking).collect());
+                    }
+                }
+                // The set is refused already: a look that failed says
+                // nothing of its rule, which is then reported with nothing
+                // left.
+                Err(_) if looks.is_some() => {
+                    for &i in &group.members {
+                        ran[i] = Some((nothing_known(), None));
                     }
                 }
                 Err(error) => {
@@ -421,6 +443,18 @@ impl Drop for Taken {
             let (conn, scripts) = (Arc::clone(&self.conn), Arc::clone(&self.scripts));
             runtime.spawn(batch::give_back(jobs, conn, scripts, self.timeout));
         }
+    }
+}
+
+/// A rule of a refused set whose look failed: allowed with nothing left
+/// (the set's verdict makes it not allowed, with the call's cost left).
+fn nothing_known() -> Outcome {
+    Outcome {
+        allowed: true,
+        remaining: 0,
+        reset_after_us: 0,
+        retry_after_us: 0,
+        limit: 0,
     }
 }
 
