@@ -735,3 +735,28 @@ async fn a_set_over_two_masters_whose_caller_left_is_given_back() {
         .await
         .unwrap();
 }
+
+/// A set refused by one of its rules, its caller gone before the answer:
+/// the rule that would have passed took nothing, so nothing of it is given
+/// back (a give-back there would lower what earlier calls used).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_set_whose_caller_left_gives_back_nothing() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let url = format!("redis://127.0.0.1:{}/", proxy.port());
+    let other = direct(&server).await;
+    let limiter = idle_limiter(RateLimiter::builder().redis(url), "limiter:warm").await;
+    let open = Rule::fixed_window(5, Duration::from_secs(60));
+    let spent = Rule::fixed_window(1, Duration::from_secs(60));
+    let (a, b) = ("limiter:refused-left:a", "limiter:refused-left:b");
+    assert!(other.check(&open, a, 2).await.unwrap().allowed);
+    assert!(other.check(&spent, b, 1).await.unwrap().allowed);
+    proxy.delay_reply_to(b.as_bytes(), LEFT_HELD);
+    let set = [(&open, a, 1), (&spent, b, 1)];
+    let left = tokio::time::timeout(Duration::from_millis(400), limiter.check_all(&set)).await;
+    assert!(left.is_err(), "the caller went away");
+    // Past the held answer, and what a give-back would take.
+    tokio::time::sleep(LEFT_HELD + Duration::from_millis(600)).await;
+    let next = other.peek(&open, a).await.unwrap();
+    assert_eq!(next.remaining, 2, "2 used, 3 left: {next:?}");
+}

@@ -456,6 +456,53 @@ async fn a_concurrency_rule_leases_only_when_its_set_passes() {
     leases_only_when_the_set_passes(&subject.limiter, "r").await;
 }
 
+/// A set over two masters refused by the first: the second is only
+/// looked at, and says what a check of the call's cost would (here: not
+/// enough left for a cost of 3), as memory and one Redis do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_after_a_refusal_answers_for_the_calls_cost() {
+    let cluster = RedisCluster::start();
+    let limiter = RateLimiter::builder()
+        .redis(cluster.urls())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let slot = |key: &str| -> u16 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut cluster.connection(cluster.masters()[0]))
+            .unwrap()
+    };
+    let key_in = |name: &str, slots: std::ops::Range<u16>| {
+        (0..)
+            .map(|n| format!("limiter:look:{name}:{n}"))
+            .find(|key| slots.contains(&slot(key)))
+            .unwrap()
+    };
+    // The spent rule's key first in slot order, on another master.
+    let (first, second) = (
+        key_in("spent", 0..5_000),
+        key_in("two-left", 11_000..16_384),
+    );
+    assert_ne!(cluster.master_for(&first), cluster.master_for(&second));
+    let spent = Rule::fixed_window(1, MINUTE);
+    let five = Rule::fixed_window(5, MINUTE);
+    assert!(limiter.check(&spent, &first).await.unwrap().allowed);
+    assert!(limiter.check_cost(&five, &second, 3).await.unwrap().allowed);
+    let verdict = limiter
+        .check_all(&[(&spent, first.as_str(), 1), (&five, second.as_str(), 3)])
+        .await
+        .unwrap();
+    assert_eq!(verdict.refused(), Some(0));
+    let look = verdict.decisions()[1];
+    assert!(!look.allowed, "{look:?}");
+    assert_eq!(look.remaining, 2, "{look:?}");
+    // Nothing was taken from either.
+    assert_eq!(left(&limiter, &five, &second).await, 2);
+}
+
 #[tokio::test]
 async fn bad_sets_are_errors() {
     let limiter = RateLimiter::in_memory();

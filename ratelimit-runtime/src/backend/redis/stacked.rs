@@ -93,10 +93,16 @@ impl RedisBackend {
                     let passed = outcomes.iter().all(|o| o.allowed);
                     for (&i, mut outcome) in group.members.iter().zip(outcomes) {
                         if looks.is_some() {
-                            // What a check of its cost would leave.
+                            // A peek answers for a cost of 1: what a check
+                            // of the call's cost would answer.
                             if outcome.allowed {
-                                outcome.remaining =
-                                    (outcome.remaining + 1).saturating_sub(calls[i].cost);
+                                let left = outcome.remaining + 1;
+                                outcome.allowed = left >= calls[i].cost;
+                                outcome.remaining = if outcome.allowed {
+                                    left - calls[i].cost
+                                } else {
+                                    left
+                                };
                             }
                         } else if passed
                             && groups.len() > 1
@@ -403,6 +409,14 @@ impl Drop for Running {
             let Ok(Ok((answers, time))) = task.await else {
                 return;
             };
+            // A group is all or nothing: refused, it wrote nothing (its
+            // members that would have passed say allowed all the same).
+            let passed = answers
+                .iter()
+                .all(|answer| matches!(answer, ScriptAnswer::Ran(outcome) if outcome.allowed));
+            if !passed {
+                return;
+            }
             let jobs: Vec<(StoredKey, Call)> = answers
                 .iter()
                 .zip(wire.iter())
