@@ -462,9 +462,9 @@ impl Backend for RedisBackend {
         self.look(op, rule, key, 1, TimeSource::Server, None).await
     }
 
-    /// `HSET` (or `DEL`) of the hash the check's script reads (see
-    /// [`keys::limit_key`](crate::keys::limit_key)), on the master of the
-    /// budget key's slot.
+    /// `HSET` (or `DEL`) of the hash the check's script reads (the budget
+    /// key and `#limit`, see the README's "Limits per subject"), on the
+    /// master of the budget key's slot.
     async fn set_limit(
         &self,
         _rule: &Rule,
