@@ -317,30 +317,13 @@ async fn batches_call_the_function_library_and_reload_it_after_function_flush() 
     assert!(libraries(&server).is_empty());
 }
 
-/// The URL of a new user of `server` who may do everything but `denied`
-/// (an ACL rule such as "-function").
-fn user_url(server: &RedisServer, user: &str, denied: &str) -> String {
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg(user)
-        .arg("on")
-        .arg(">secret")
-        .arg("~*")
-        .arg("&*")
-        .arg("+@all")
-        .arg(denied)
-        .query(&mut server.connection())
-        .unwrap();
-    format!("redis://{user}:secret@127.0.0.1:{}", server.port())
-}
-
 /// A user whose ACL denies `FUNCTION` cannot load the library (as on a
 /// server before Redis 7, which has none), or denies `FCALL`: batches go by
 /// `EVALSHA`, and work.
 #[tokio::test]
 async fn without_functions_batches_go_by_evalsha() {
     let server = RedisServer::start();
-    let redis = batching(&user_url(&server, "limited", "-function"), true).await;
+    let redis = batching(&server.user_url("limited", "-function"), true).await;
     let rule = RULES[0];
     // The library was tried when connecting (missing, and not loaded).
     let tried = calls_of(&server, "fcall");
@@ -352,7 +335,7 @@ async fn without_functions_batches_go_by_evalsha() {
     assert_eq!(calls_of(&server, "fcall"), tried);
     assert!(libraries(&server).is_empty());
     // A user who may load functions but not call them: the same.
-    let redis = batching(&user_url(&server, "loader", "-fcall"), true).await;
+    let redis = batching(&server.user_url("loader", "-fcall"), true).await;
     for remaining in [26, 25] {
         let decision = ratelimit_runtime::Backend::check(&redis, &rule, "co:acl", 1);
         assert_eq!(decision.await.unwrap().remaining, remaining);

@@ -168,18 +168,7 @@ async fn redis_limiter(
 async fn subjects_have_their_own_limits_on_redis() {
     let server = RedisServer::start();
     behaves(&redis_limiter(server.url()).await, "redis").await;
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("scripts")
-        .arg("on")
-        .arg(">secret")
-        .arg("~*")
-        .arg("&*")
-        .arg("+@all")
-        .arg("-fcall")
-        .query(&mut server.connection())
-        .unwrap();
-    let url = format!("redis://scripts:secret@127.0.0.1:{}", server.port());
+    let url = server.user_url("scripts", "-fcall");
     behaves(&redis_limiter(url).await, "evalsha").await;
     let calls: String = redis::cmd("INFO")
         .arg("commandstats")

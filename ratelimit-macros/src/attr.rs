@@ -450,38 +450,14 @@ pub(crate) const WAIT_ALGORITHM: &str = "`wait` needs `algorithm = gcra` or `alg
 
 /// `wait = "2s"` (or whole seconds) in milliseconds.
 fn wait_ms(value: &Expr, cx: &mut Ctxt) -> Option<u64> {
-    const HELP: &str = "write how long a call may wait its turn as whole seconds (`wait = 2`) \
-                        or a string with a unit: \"500ms\", \"2s\", \"1m\"";
-    let ms = match value {
-        Expr::Lit(ExprLit {
-            lit: Lit::Int(int), ..
-        }) if int.suffix().is_empty() => int
-            .base10_parse::<u64>()
-            .ok()
-            .and_then(|s| s.checked_mul(1000)),
-        Expr::Lit(ExprLit {
-            lit: Lit::Str(s), ..
-        }) => match parse_duration_ms(&s.value()) {
-            Ok(ms) => Some(ms),
-            Err(why) => {
-                cx.error(value, format_args!("invalid `wait`: {why}; {HELP}"));
-                return None;
-            }
-        },
-        _ => {
-            cx.error(value, format_args!("invalid `wait`; {HELP}"));
-            return None;
-        }
-    };
-    match ms {
-        Some(0) => cx.error(
-            value,
-            "`wait` must be greater than zero (without `wait`, a call over the limit is refused at once)",
-        ),
-        Some(ms) if ms <= MAX_PERIOD_MS => return Some(ms),
-        _ => cx.error(value, "`wait` must be at most 366 days"),
-    }
-    None
+    duration_ms(
+        value,
+        "wait",
+        "write how long a call may wait its turn as whole seconds (`wait = 2`) \
+         or a string with a unit: \"500ms\", \"2s\", \"1m\"",
+        "`wait` must be greater than zero (without `wait`, a call over the limit is refused at once)",
+        cx,
+    )
 }
 
 /// `local_quota = N`: at least 1, at most the rule's capacity, on an

@@ -311,6 +311,25 @@ pub(crate) const PERIOD_HELP: &str = "write whole seconds (`period = 10`) or a s
                            \"500ms\", \"10s\", \"1m\", \"1h\"";
 
 pub(crate) fn period(value: &Expr, cx: &mut Ctxt) -> Option<u64> {
+    duration_ms(
+        value,
+        "period",
+        PERIOD_HELP,
+        "`period` must be greater than zero",
+        cx,
+    )
+}
+
+/// A duration option's value (`option = 10` whole seconds, or a string
+/// with a unit) in milliseconds, from 1 ms to 366 days; `zero` says why 0
+/// (or a negative number) is refused.
+pub(crate) fn duration_ms(
+    value: &Expr,
+    option: &str,
+    help: &str,
+    zero: &str,
+    cx: &mut Ctxt,
+) -> Option<u64> {
     let ms = match value {
         Expr::Lit(ExprLit {
             lit: Lit::Int(int), ..
@@ -323,23 +342,20 @@ pub(crate) fn period(value: &Expr, cx: &mut Ctxt) -> Option<u64> {
         }) => match parse_duration_ms(&s.value()) {
             Ok(ms) => Some(ms),
             Err(why) => {
-                cx.error(
-                    value,
-                    format_args!("invalid `period`: {why}; {PERIOD_HELP}"),
-                );
+                cx.error(value, format_args!("invalid `{option}`: {why}; {help}"));
                 return None;
             }
         },
         _ if is_negative(value) => Some(0),
         _ => {
-            cx.error(value, format_args!("invalid `period`; {PERIOD_HELP}"));
+            cx.error(value, format_args!("invalid `{option}`; {help}"));
             return None;
         }
     };
     match ms {
-        Some(0) => cx.error(value, "`period` must be greater than zero"),
+        Some(0) => cx.error(value, zero),
         Some(ms) if ms <= MAX_PERIOD_MS => return Some(ms),
-        _ => cx.error(value, "`period` must be at most 366 days"),
+        _ => cx.error(value, format_args!("`{option}` must be at most 366 days")),
     }
     None
 }

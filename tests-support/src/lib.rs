@@ -171,6 +171,23 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// The URL of a new user (password `secret`) who may do everything but
+    /// `denied` (an ACL rule such as "-function" or "-fcall").
+    pub fn user_url(&self, user: &str, denied: &str) -> String {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(user)
+            .arg("on")
+            .arg(">secret")
+            .arg("~*")
+            .arg("&*")
+            .arg("+@all")
+            .arg(denied)
+            .query(&mut self.connection())
+            .expect("ACL SETUSER on the test redis-server");
+        format!("redis://{user}:secret@127.0.0.1:{}", self.port)
+    }
+
     /// A plain (blocking) connection, for inspecting what the limiter wrote.
     pub fn connection(&self) -> redis::Connection {
         redis::Client::open(self.url())
