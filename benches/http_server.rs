@@ -5,7 +5,11 @@
 //! - `plain`: the handler alone;
 //! - `layer` (axum): behind our `RateLimitLayer`, `by_ip`;
 //! - `middleware` (actix): behind our `RateLimit` middleware, `by_ip`;
-//! - `attribute`: under `#[rate_limit(.., by = ip)]`;
+//! - `attribute`: under `#[rate_limit(.., by = ip)]`, the limiter and the
+//!   options the app's (app data in actix, request extensions in axum);
+//! - `installed`: the same handler, the limiter and the options installed
+//!   for the process (`RateLimiter::install`, `HttpOptions::install`), so
+//!   the app adds nothing to its router;
 //! - `peer`: behind tower_governor (axum) or actix-governor (actix), keyed by
 //!   the peer's IP (their default), without their rate-limit headers (also
 //!   their default).
@@ -66,6 +70,11 @@ mod axum_side {
                 .route("/bench", get(attribute))
                 .layer(Extension(limiter))
                 .layer(Extension(options)),
+            "installed" => {
+                limiter.install().ok()?;
+                options.install().ok()?;
+                Router::new().route("/bench", get(attribute))
+            }
             "peer" => {
                 let config = GovernorConfigBuilder::default()
                     .per_nanosecond(1)
@@ -134,6 +143,14 @@ mod actix_side {
             })
             .bind(bind)?
             .run(),
+            "installed" => {
+                let taken = || std::io::Error::other("installed twice");
+                limiter.install().map_err(|_| taken())?;
+                options.install().map_err(|_| taken())?;
+                HttpServer::new(|| App::new().route("/bench", web::get().to(attribute)))
+                    .bind(bind)?
+                    .run()
+            }
             "peer" => {
                 let config = GovernorConfigBuilder::default()
                     .nanoseconds_per_request(1)
@@ -150,7 +167,7 @@ mod actix_side {
             }
             _ => {
                 return Err(std::io::Error::other(
-                    "actix serves plain, middleware, attribute or peer",
+                    "actix serves plain, middleware, attribute, installed or peer",
                 ));
             }
         };
@@ -174,7 +191,7 @@ fn main() -> std::io::Result<()> {
     match framework.as_str() {
         "axum" => {
             let router = axum_side::router(endpoint, options).ok_or_else(|| {
-                std::io::Error::other("axum serves plain, layer, attribute or peer")
+                std::io::Error::other("axum serves plain, layer, attribute, installed or peer")
             })?;
             tokio::runtime::Runtime::new()?.block_on(axum_side::serve(&bind, router))
         }

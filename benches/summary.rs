@@ -312,6 +312,7 @@ fn endpoint_name(framework: &str, endpoint: &str) -> String {
         (_, "layer") => "our `RateLimitLayer`".to_owned(),
         (_, "middleware") => "our `RateLimit` middleware".to_owned(),
         (_, "attribute" | "limited") => "our attribute".to_owned(),
+        (_, "installed") => "our attribute, installed limiter and options".to_owned(),
         (_, other) => other.to_owned(),
     }
 }

@@ -7,7 +7,8 @@
 //! Per router, through request extensions:
 //! - the limiter: `Router::layer(Extension(limiter))`, else the global one;
 //! - the [`HttpOptions`]: `Router::layer(Extension(options))`, else the
-//!   defaults (no trusted proxy, draft headers);
+//!   installed ones ([`HttpOptions::install`]), else the defaults (no
+//!   trusted proxy, draft headers);
 //! - the peer address: axum's `ConnectInfo<SocketAddr>`; serve the router
 //!   with `into_make_service_with_connect_info::<SocketAddr>()`.
 //!

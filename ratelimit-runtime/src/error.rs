@@ -38,7 +38,8 @@ pub enum Error {
     PermitRequired,
     /// [`RateLimiter::install`](crate::RateLimiter::install) was called when a
     /// global limiter was already in place (or `install_as` with a name
-    /// already taken).
+    /// already taken), or `HttpOptions::install`
+    /// when options were.
     AlreadyInstalled,
     /// The limiter's configuration is invalid (for example a malformed Redis URL).
     Config(String),
@@ -69,9 +70,9 @@ impl fmt::Display for Error {
                  whose permit releases it when dropped",
             ),
             Error::AlreadyInstalled => f.write_str(
-                "a global rate limiter is already in use: `install` was called before, \
-                 or a rate-limited call ran first and took the in-memory default; \
-                 install the limiter at start-up, before any limited call",
+                "already in use: `install` was called before, or a rate-limited call \
+                 ran first and took the default (the in-memory limiter, or the default \
+                 HTTP options); install at start-up, before any limited call",
             ),
             Error::Config(msg) => write!(f, "invalid rate limiter configuration: {msg}"),
             Error::Backend(source) => write!(f, "rate limiter backend failed: {source}"),

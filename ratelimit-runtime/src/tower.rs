@@ -65,8 +65,8 @@ impl Middleware<Parts> {
         self
     }
 
-    /// The HTTP options to use (instead of a request extension or the
-    /// defaults).
+    /// The HTTP options to use (instead of a request extension, the
+    /// installed ones or the defaults).
     pub fn options(mut self, options: HttpOptions) -> Self {
         self.options = Some(Arc::new(options));
         self

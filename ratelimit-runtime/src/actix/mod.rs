@@ -8,7 +8,8 @@
 //! - the limiter: `App::app_data(limiter)` or `web::Data<RateLimiter>`, else
 //!   the global one;
 //! - the [`HttpOptions`]: `App::app_data(options)` or `web::Data<HttpOptions>`,
-//!   else the defaults (no trusted proxy, draft headers).
+//!   else the installed ones ([`HttpOptions::install`]), else the defaults
+//!   (no trusted proxy, draft headers).
 
 mod middleware;
 

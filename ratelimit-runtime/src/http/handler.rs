@@ -28,7 +28,8 @@ use crate::site::Site;
 ///   `into_make_service_with_connect_info::<SocketAddr>()`.
 ///
 /// Without a limiter of the app's, the global one is used; without options,
-/// the defaults (no trusted proxy, draft headers).
+/// the installed ones ([`HttpOptions::install`]), else the defaults (no
+/// trusted proxy, draft headers).
 ///
 /// Its `Debug` names the headers it kept, never their values (API keys),
 /// so a `#[tracing::instrument]` under `#[rate_limit]`, which records the
@@ -103,7 +104,8 @@ impl HttpCall {
             .unwrap_or_else(|| RateLimiter::global())
     }
 
-    /// The HTTP options for this request: the app's, else the defaults.
+    /// The HTTP options for this request: the app's, else the installed
+    /// ones, else the defaults.
     pub fn options(&self) -> &HttpOptions {
         self.options
             .as_ref()

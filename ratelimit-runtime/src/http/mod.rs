@@ -194,11 +194,44 @@ pub(crate) fn no_peer() {
     }
 }
 
+/// The options of adapters that have none of their own: the installed
+/// ones, else the defaults.
+static PROCESS_OPTIONS: std::sync::OnceLock<HttpOptions> = std::sync::OnceLock::new();
+
 impl HttpOptions {
-    /// The default options, made once.
+    /// Makes these the options of every `#[rate_limit]` handler, middleware
+    /// and layer in the process that has none of its own (app data, a
+    /// request extension or `RateLimitLayer::options` still win). With the limiter installed too
+    /// ([`RateLimiter::install`](crate::RateLimiter::install)), an app needs
+    /// nothing more: no app data, no `Extension` layers, and a request does
+    /// not pay for looking them up.
+    ///
+    /// Call it once at start-up, before any request: the first request
+    /// without options of its own takes the defaults.
+    ///
+    /// ```
+    /// use ratelimit_runtime::{HttpOptions, RateLimiter};
+    ///
+    /// # fn main() -> Result<(), ratelimit_runtime::Error> {
+    /// RateLimiter::in_memory().install()?;
+    /// HttpOptions::new().trust_proxies(["10.0.0.0/8"])?.install()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::AlreadyInstalled`] if options are already installed, or a
+    /// request already took the defaults; those in place stay.
+    pub fn install(self) -> Result<(), Error> {
+        PROCESS_OPTIONS
+            .set(self)
+            .map_err(|_| Error::AlreadyInstalled)
+    }
+
+    /// The installed options, else the defaults (which from then on stay).
     pub(crate) fn default_ref() -> &'static HttpOptions {
-        static DEFAULT: std::sync::OnceLock<HttpOptions> = std::sync::OnceLock::new();
-        DEFAULT.get_or_init(HttpOptions::default)
+        PROCESS_OPTIONS.get_or_init(HttpOptions::default)
     }
 }
 
