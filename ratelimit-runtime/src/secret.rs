@@ -51,6 +51,7 @@ impl KeySecret {
     }
 
     /// Whether the store is shared and no secret was chosen.
+    #[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
     pub(crate) fn is_missing(&self) -> bool {
         matches!(self, KeySecret::Missing)
     }

@@ -122,7 +122,7 @@ impl RateLimiter {
 
     /// Whether this limiter's store is shared and it has no key secret, so
     /// requests whose keys need a digest are refused.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
     pub(crate) fn lacks_key_secret(&self) -> bool {
         self.secret.is_missing()
     }
