@@ -37,11 +37,11 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum::Router;
 use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
-use axum::{Extension, Router};
 use ratelimit_runtime::{RateLimitLayer, RateLimited, Rule, rate_limit};
 
 /// `limitTest`: 2 requests per second, for everyone.
@@ -132,8 +132,12 @@ const LAYER: Rule = Rule::fixed_window(10, Duration::from_secs(10));
 async fn main() -> Result<(), support::Failure> {
     support::init_logs();
     support::load_overrides()?;
-    let http = support::http_options()?;
+    // One app in this process: the limiter and the options are installed
+    // for it, so the router needs no `Extension` layers (each would cost
+    // every request a layer).
+    support::http_options()?.install()?;
     let (limiter, backend) = support::limiter().await?;
+    limiter.install()?;
     let layered = endpoints().layer(
         RateLimitLayer::new(LAYER)
             .name("layer")
@@ -144,9 +148,7 @@ async fn main() -> Result<(), support::Failure> {
     let app = endpoints()
         .nest("/layer", layered)
         .merge(bench_endpoints())
-        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
-        .layer(Extension(limiter))
-        .layer(Extension(http));
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") });
     let bind = support::bind();
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     println!("{}", support::banner(&bind, &backend));
