@@ -1,7 +1,7 @@
 //! `HttpOptions::install`: options installed for the process serve every
-//! handler, middleware and layer without options of their own, over real
-//! TCP, in axum and actix-web; an adapter's own options still win; a second
-//! install is refused and changes nothing.
+//! handler, middleware and layer without options of their own, and the
+//! refusals handlers return, over real TCP, in axum and actix-web; an app's
+//! own options still win; a second install is refused and changes nothing.
 //!
 //! One test: the options are the process's, and `cargo test` runs a file's
 //! tests in one process.
@@ -36,6 +36,18 @@ async fn plain() -> &'static str {
     "ok"
 }
 
+/// Refused through `Reject for HttpResponse` (actix-web's error response).
+#[rate_limit(key = "installed_actix_response", period = 60, count = 2)]
+async fn actix_response() -> actix_web::HttpResponse {
+    actix_web::HttpResponse::Ok().body("ok")
+}
+
+/// Refused through `IntoResponse for RateLimited`.
+#[rate_limit(key = "installed_axum_result", period = 60, count = 2)]
+async fn axum_result() -> Result<&'static str, ratelimit_runtime::RateLimited> {
+    Ok("ok")
+}
+
 /// A GET from the loopback peer, through a proxy that says the client is
 /// `client`.
 async fn via_proxy(addr: SocketAddr, path: &str, client: &str) -> HttpReply {
@@ -61,6 +73,31 @@ async fn answers_as_installed(addr: SocketAddr, path: &str, client: &str, other:
         reply.status, 200,
         "{path}: another client has its own budget"
     );
+}
+
+/// An app's own default options win over the installed ones: the peer
+/// counts (it is no trusted proxy there), and the draft fields are sent.
+async fn answers_as_defaults(addr: SocketAddr, path: &str) {
+    for expected in [200, 200, 429] {
+        let reply = via_proxy(addr, path, "198.51.100.3").await;
+        assert_eq!(reply.status, expected, "{path}");
+        assert!(reply.header("ratelimit-policy").is_some(), "{path}");
+    }
+    let reply = via_proxy(addr, path, "198.51.100.4").await;
+    assert_eq!(reply.status, 429, "{path}: the loopback peer counts");
+}
+
+/// A `by = global` handler whose refusal is built from the `RateLimited`
+/// alone: its third call is refused with the installed (legacy) fields.
+async fn refused_as_installed(addr: SocketAddr, path: &str) {
+    for expected in [200, 200, 429] {
+        let reply = via_proxy(addr, path, "198.51.100.9").await;
+        assert_eq!(reply.status, expected, "{path}");
+        if expected == 429 {
+            assert_eq!(reply.header("x-ratelimit-limit"), Some("2"), "{path}");
+            assert_eq!(reply.header("ratelimit-policy"), None, "{path}");
+        }
+    }
 }
 
 #[actix_web::test]
@@ -93,27 +130,25 @@ async fn installed_options_serve_every_adapter_without_options_of_its_own() {
                     .options(HttpOptions::new()),
             ),
         );
+    let own = Router::new()
+        .route("/attribute", get(axum_handler))
+        .layer(axum::Extension(HttpOptions::new()));
+    let app = app
+        .route("/result", get(axum_result))
+        .nest("/own-extension", own);
     let addr = serve_axum(app).await;
     answers_as_installed(addr, "/attribute", "198.51.100.1", "198.51.100.2").await;
     answers_as_installed(addr, "/layer", "198.51.100.1", "198.51.100.2").await;
+    refused_as_installed(addr, "/result").await;
+    answers_as_defaults(addr, "/own-extension/attribute").await;
 
-    // A layer's own options win: the defaults, so the peer counts and the
-    // draft fields are sent.
-    for expected in [200, 200, 429] {
-        let reply = via_proxy(addr, "/own", "198.51.100.3").await;
-        assert_eq!(reply.status, expected);
-        assert!(reply.header("ratelimit-policy").is_some());
-    }
-    let reply = via_proxy(addr, "/own", "198.51.100.4").await;
-    assert_eq!(
-        reply.status, 429,
-        "the loopback peer is not a trusted proxy here"
-    );
+    answers_as_defaults(addr, "/own").await;
 
     // actix-web: the attribute and the middleware, no app data.
     let addr = serve_actix!(|| {
         actix_web::App::new()
             .route("/attribute", actix_web::web::get().to(actix_handler))
+            .route("/response", actix_web::web::get().to(actix_response))
             .service(
                 actix_web::web::resource("/middleware")
                     .wrap(
@@ -126,6 +161,13 @@ async fn installed_options_serve_every_adapter_without_options_of_its_own() {
     });
     answers_as_installed(addr, "/attribute", "198.51.100.5", "198.51.100.6").await;
     answers_as_installed(addr, "/middleware", "198.51.100.5", "198.51.100.6").await;
+    refused_as_installed(addr, "/response").await;
+    let own = serve_actix!(|| {
+        actix_web::App::new()
+            .app_data(HttpOptions::new())
+            .route("/attribute", actix_web::web::get().to(actix_handler))
+    });
+    answers_as_defaults(own, "/attribute").await;
 
     // A second install is refused and leaves the first in force.
     let again = HttpOptions::new().install().unwrap_err();

@@ -93,9 +93,10 @@ impl IntoResponse for NoFallback {
 }
 
 /// `429 Too Many Requests` (`503` for a backend failure under `deny`, `400`
-/// for an unknown client) with `Retry-After`, the draft rate-limit fields and
-/// a plain text body: a handler returning `Result<_, RateLimited>` answers
-/// this when limited.
+/// for an unknown client) with `Retry-After`, the rate-limit fields and the
+/// body of the installed options ([`HttpOptions::install`]; by default the
+/// draft's fields and plain text): a handler returning
+/// `Result<_, RateLimited>` answers this when limited.
 impl IntoResponse for RateLimited {
     fn into_response(self) -> Response {
         response(crate::http::refusal(&self, &[], HttpOptions::default_ref()))

@@ -38,8 +38,7 @@ pub enum Error {
     PermitRequired,
     /// [`RateLimiter::install`](crate::RateLimiter::install) was called when a
     /// global limiter was already in place (or `install_as` with a name
-    /// already taken), or `HttpOptions::install`
-    /// when options were.
+    /// already taken), or `HttpOptions::install` when options were.
     AlreadyInstalled,
     /// The limiter's configuration is invalid (for example a malformed Redis URL).
     Config(String),
@@ -70,9 +69,10 @@ impl fmt::Display for Error {
                  whose permit releases it when dropped",
             ),
             Error::AlreadyInstalled => f.write_str(
-                "already in use: `install` was called before, or a rate-limited call \
-                 ran first and took the default (the in-memory limiter, or the default \
-                 HTTP options); install at start-up, before any limited call",
+                "a global rate limiter or the process's HTTP options are already in place: \
+                 `install` was called before, or a rate-limited call ran first and took \
+                 the default (the in-memory limiter, the default options); install at \
+                 start-up, before any limited call",
             ),
             Error::Config(msg) => write!(f, "invalid rate limiter configuration: {msg}"),
             Error::Backend(source) => write!(f, "rate limiter backend failed: {source}"),

@@ -44,7 +44,8 @@ use crate::limiter::RateLimiter;
 ///   else a `RateLimiter` request extension (`Extension(limiter)` in axum),
 ///   else the global one.
 /// - **Options**: likewise, [`options`](Middleware::options), else an
-///   `HttpOptions` extension, else the defaults.
+///   `HttpOptions` extension, else the installed ones
+///   ([`HttpOptions::install`]), else the defaults.
 /// - **Client address** (for [`by_ip`](Middleware::by_ip)): axum's
 ///   `ConnectInfo<SocketAddr>` (with the `axum` feature; serve with
 ///   `into_make_service_with_connect_info::<SocketAddr>()`), or a

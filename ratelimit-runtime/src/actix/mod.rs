@@ -39,7 +39,7 @@ pub(crate) fn limiter_for(req: &HttpRequest) -> &RateLimiter {
 }
 
 /// The HTTP options for this request: the app's (`app_data`) if it has
-/// them, else the defaults.
+/// them, else the installed ones, else the defaults.
 pub(crate) fn options_for(req: &HttpRequest) -> &HttpOptions {
     req.app_data::<HttpOptions>()
         .or_else(|| req.app_data::<web::Data<HttpOptions>>().map(|d| &***d))
@@ -154,9 +154,11 @@ fn header_name(name: &'static str) -> Option<HeaderName> {
 }
 
 /// `429 Too Many Requests` (`503` for a backend failure under `deny`, `400`
-/// for an unknown client) with `Retry-After`, the draft rate-limit fields and
-/// a plain text body. So `actix_web::Error: From<RateLimited>`, and a handler
-/// returning `Result<_, actix_web::Error>` answers this when limited.
+/// for an unknown client) with `Retry-After`, the rate-limit fields and the
+/// body of the installed options ([`HttpOptions::install`]; by default the
+/// draft's fields and plain text). So `actix_web::Error: From<RateLimited>`,
+/// and a handler returning `Result<_, actix_web::Error>` answers this when
+/// limited.
 impl ResponseError for RateLimited {
     fn status_code(&self) -> StatusCode {
         match self.cause {
@@ -168,7 +170,7 @@ impl ResponseError for RateLimited {
     }
 
     fn error_response(&self) -> HttpResponse {
-        response(crate::http::refusal(self, &[], &HttpOptions::default()))
+        response(crate::http::refusal(self, &[], HttpOptions::default_ref()))
     }
 }
 

@@ -288,8 +288,9 @@ impl<K> Limit<K> {
 
     /// When a middleware is set up: `Err` (and the error logged) if its keys
     /// need a key secret that `limiter` (else the installed global one)
-    /// lacks, with `options` if known (else only `by_header` tells). Its
-    /// requests would be refused; better said at start-up.
+    /// lacks, with `options` (else the installed ones) if known (else only
+    /// `by_header` tells). Its requests would be refused; better said at
+    /// start-up.
     pub(crate) fn check_secret(
         &self,
         limiter: Option<&RateLimiter>,
@@ -298,6 +299,7 @@ impl<K> Limit<K> {
         let Some(limiter) = limiter.or(RateLimiter::installed()) else {
             return Ok(());
         };
+        let options = options.or(HttpOptions::installed());
         if !limiter.lacks_key_secret() {
             return Ok(());
         }

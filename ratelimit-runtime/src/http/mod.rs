@@ -201,10 +201,11 @@ static PROCESS_OPTIONS: std::sync::OnceLock<HttpOptions> = std::sync::OnceLock::
 impl HttpOptions {
     /// Makes these the options of every `#[rate_limit]` handler, middleware
     /// and layer in the process that has none of its own (app data, a
-    /// request extension or `RateLimitLayer::options` still win). With the limiter installed too
+    /// request extension or `RateLimitLayer::options` still win). With the
+    /// limiter installed too
     /// ([`RateLimiter::install`](crate::RateLimiter::install)), an app needs
-    /// nothing more: no app data, no `Extension` layers, and a request does
-    /// not pay for looking them up.
+    /// nothing more: no app data, and in axum no `Extension` layers, each of
+    /// which costs every request of the router a layer.
     ///
     /// Call it once at start-up, before any request: the first request
     /// without options of its own takes the defaults.
@@ -232,6 +233,13 @@ impl HttpOptions {
     /// The installed options, else the defaults (which from then on stay).
     pub(crate) fn default_ref() -> &'static HttpOptions {
         PROCESS_OPTIONS.get_or_init(HttpOptions::default)
+    }
+
+    /// The installed options, if any (not the defaults taken by a first
+    /// request).
+    #[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
+    pub(crate) fn installed() -> Option<&'static HttpOptions> {
+        PROCESS_OPTIONS.get()
     }
 }
 
