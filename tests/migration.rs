@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratelimit_runtime::__testing::RedisTestHooks;
+use ratelimit_runtime::backend::RuleCheck;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Backend, Rule};
 use ratelimit_test_support::RedisCluster;
@@ -191,4 +192,50 @@ async fn a_write_refused_in_a_batch_fails_that_check_alone() {
         let next = redis.peek(&window, other).await.unwrap();
         assert_eq!(next.remaining, 8, "{other}: counted once");
     }
+}
+
+/// A set of rules on one master whose keys are of several slots runs as one
+/// call of the library's cross-slot function. When the master refuses the
+/// write of one member half way (a sliding log's key holding someone
+/// else's string, in a slot migrating away), the members written before it
+/// are given back before the caller hears of the failure: it counted
+/// nothing. Before, the fixed window kept the unit it had taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_whose_write_is_refused_half_way_keeps_nothing() {
+    let cluster = RedisCluster::start();
+    let redis = cluster_backend(&cluster).await;
+    let window = Rule::fixed_window(10, Duration::from_secs(60));
+    let log = Rule::sliding_log(10, Duration::from_secs(60));
+    let logged = "limiter:{half}:log";
+    let from = cluster.master_for(logged);
+    let counted = (0..)
+        .map(|i| format!("limiter:{{half-{i}}}:window"))
+        .find(|k| cluster.master_for(k) == from)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(logged)
+        .arg("someone else's")
+        .query(&mut cluster.connection(from))
+        .unwrap();
+    let to = another(&cluster, from);
+    let migration = cluster.begin_migration(logged, to);
+    let check = |rule, key| RuleCheck {
+        rule,
+        key,
+        cost: 1,
+        lease: 0,
+    };
+    let set = [check(&window, &counted), check(&log, logged)];
+    let mut admin = cluster.connection(from);
+    let before = fcalls(&mut admin);
+    let failed = redis.check_all(&set).await;
+    assert!(failed.is_err(), "{failed:?}");
+    assert_eq!(
+        fcalls(&mut admin) - before,
+        2,
+        "the set in one call (not one per slot), then its give-back"
+    );
+    let next = redis.peek(&window, &counted).await.unwrap();
+    assert_eq!(next.remaining, 9, "nothing kept: {next:?}");
+    cluster.finish_migration(&migration);
 }

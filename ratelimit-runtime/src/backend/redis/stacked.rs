@@ -356,6 +356,18 @@ impl RedisBackend {
         if let Some(time) = time {
             self.conn.saw_server_time(time);
         }
+        if answers.iter().any(|a| matches!(a, ScriptAnswer::Refused)) {
+            // The master refused a member's write after others were
+            // written (a slot migrating): those are given back before the
+            // caller hears that nothing of the set counted; by a task, so
+            // that it is made even if the caller goes away meanwhile.
+            let jobs = written(&answers, &running.wire, time);
+            if !jobs.is_empty() {
+                let (conn, scripts) = (Arc::clone(&self.conn), Arc::clone(&self.scripts));
+                let _ = tokio::spawn(batch::give_back(jobs, conn, scripts, self.timeout)).await;
+            }
+            return Err(Error::backend(SlotMoved));
+        }
         let mut outcomes = vec![None; calls.len()];
         for (answer, &i) in answers.into_iter().zip(&order) {
             match answer {
@@ -409,33 +421,46 @@ impl Drop for Running {
             let Ok(Ok((answers, time))) = task.await else {
                 return;
             };
-            // A group is all or nothing: refused, it wrote nothing (its
-            // members that would have passed say allowed all the same).
-            let passed = answers
-                .iter()
-                .all(|answer| matches!(answer, ScriptAnswer::Ran(outcome) if outcome.allowed));
-            if !passed {
-                return;
-            }
-            let jobs: Vec<(StoredKey, Call)> = answers
-                .iter()
-                .zip(wire.iter())
-                .filter_map(|(answer, (key, call))| match answer {
-                    ScriptAnswer::Ran(outcome) if outcome.allowed => {
-                        let now = match call.clock {
-                            TimeSource::Server => time,
-                            TimeSource::Fixed(now) => Some(now),
-                        };
-                        super::give_back::give_back_of(key, call, outcome, now)
-                    }
-                    _ => None,
-                })
-                .collect();
+            let jobs = written(&answers, &wire, time);
             if !jobs.is_empty() {
                 batch::give_back(jobs, conn, scripts, timeout).await;
             }
         });
     }
+}
+
+/// What gives back the members a group's call wrote, from its answers (in
+/// the wire's order): every member that ran allowed, if the group wrote at
+/// all. A group is all or nothing: refused, it wrote nothing (its members
+/// that would have passed say allowed all the same); one whose write the
+/// master refused half way (see `lua/batch.lua`) wrote those that ran.
+fn written(
+    answers: &[ScriptAnswer],
+    wire: &[(StoredKey, Call)],
+    time: Option<u64>,
+) -> Vec<(StoredKey, Call)> {
+    let wrote = answers.iter().all(|answer| match answer {
+        ScriptAnswer::Ran(outcome) => outcome.allowed,
+        ScriptAnswer::Refused => true,
+        ScriptAnswer::Late => false,
+    });
+    if !wrote {
+        return Vec::new();
+    }
+    answers
+        .iter()
+        .zip(wire)
+        .filter_map(|(answer, (key, call))| match answer {
+            ScriptAnswer::Ran(outcome) if outcome.allowed => {
+                let now = match call.clock {
+                    TimeSource::Server => time,
+                    TimeSource::Fixed(now) => Some(now),
+                };
+                super::give_back::give_back_of(key, call, outcome, now)
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// What the groups of a set spread over masters took so far. Dropped with
