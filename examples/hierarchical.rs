@@ -2,7 +2,9 @@
 //! once, its API key's, its organisation's and everyone's, checked as one
 //! set of rules with keys built from the request. The call passes only if
 //! all three have room, and then takes from all three; a call one budget
-//! refuses takes nothing from the other two.
+//! refuses takes nothing from the other two. One organisation is on a
+//! larger plan: its own limit, set at run time, which the organisation
+//! rule reads before its count (on Redis, in the check's own script).
 //!
 //! `cargo run --example hierarchical` (in process memory; set `REDIS_URL`,
 //! for example `redis://127.0.0.1:6379/`, to keep the budgets in Redis,
@@ -13,14 +15,15 @@ mod support;
 
 use std::time::Duration;
 
-use ratelimit_runtime::{RateLimiter, Rule, Verdict};
+use ratelimit_runtime::{RateLimiter, Rule, SubjectLimit, Verdict};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
 /// Each API key: 4 calls a minute.
 const PER_KEY: Rule = Rule::fixed_window(4, MINUTE);
-/// Each organisation, all its keys together: 6 calls a minute.
-const PER_ORG: Rule = Rule::fixed_window(6, MINUTE);
+/// Each organisation, all its keys together: 6 calls a minute, unless the
+/// organisation has a limit of its own (its plan's).
+const PER_ORG: Rule = Rule::fixed_window(6, MINUTE).with_subject_limits();
 /// The whole API: 9 calls a minute, refilled smoothly.
 const GLOBAL: Rule = Rule::token_bucket(9, MINUTE);
 
@@ -99,7 +102,13 @@ async fn main() -> Result<(), support::Failure> {
     support::init_logs();
     let (limiter, backend) = support::limiter().await?;
     println!("budgets in {backend}");
-    println!("per key 4/min, per organisation 6/min, global 9/min\n");
+    println!("per key 4/min, per organisation 6/min (initech 8/min), global 9/min\n");
+    // initech's plan: 8 calls a minute for the organisation. Kept with the
+    // budgets (on Redis, a hash every instance reads); `None` clears it.
+    let initech = budgets(&account("sk-initech").expect("a known key"));
+    limiter
+        .set_subject_limit(&PER_ORG, &initech[1].1, Some(SubjectLimit::new(8)))
+        .await?;
     // Whole budgets to begin with (an earlier run may have left some spent
     // in Redis).
     for api_key in ["sk-acme-ci", "sk-acme-web", "sk-initech"] {
