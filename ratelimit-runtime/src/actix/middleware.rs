@@ -50,9 +50,11 @@ where
     type InitError = ();
     type Future = Ready<Result<Self::Transform, Self::InitError>>;
 
-    /// Fails (so the server does not start) when the middleware keys by a
-    /// header and the installed global limiter keeps its budgets in a
-    /// shared store without a key secret; a limiter from app data is
+    /// Fails (so the server does not start) when the middleware's keys need
+    /// a digest (it keys by a header, or by address under installed options
+    /// that digest addresses) and the installed global limiter keeps its
+    /// budgets in a shared store without a key secret. Only what is
+    /// installed is known here: a limiter or options from app data are
     /// checked by its requests (refused with 500).
     fn new_transform(&self, service: S) -> Self::Future {
         if self.limit.check_secret(None, None).is_err() {

@@ -207,6 +207,10 @@ impl HttpOptions {
     /// nothing more: no app data, and in axum no `Extension` layers, each of
     /// which costs every request of the router a layer.
     ///
+    /// A refusal built from a [`RateLimited`](crate::RateLimited) alone,
+    /// with no request at hand (actix-web's `ResponseError`, axum's
+    /// `IntoResponse`), uses the installed options.
+    ///
     /// Call it once at start-up, before any request: the first request
     /// without options of its own takes the defaults.
     ///
