@@ -13,7 +13,7 @@ use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::RuleCheck;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Backend, Rule};
-use ratelimit_test_support::RedisCluster;
+use ratelimit_test_support::{Migration, RedisCluster};
 
 async fn cluster_backend(cluster: &RedisCluster) -> RedisBackend {
     let options = ConnectOptions {
@@ -123,6 +123,19 @@ async fn a_slot_moved_under_load_loses_nothing() {
     }
 }
 
+/// `key` holding someone else's string on its master, its slot then
+/// migrating to another: a check that replaces the string (a sliding log's)
+/// deletes it, and its write is refused half way.
+fn held_by_someone_else(cluster: &RedisCluster, key: &str) -> Migration {
+    let from = cluster.master_for(key);
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg("someone else's")
+        .query(&mut cluster.connection(from))
+        .unwrap();
+    cluster.begin_migration(key, another(cluster, from))
+}
+
 /// The `FCALL`s the node ran so far.
 fn fcalls(connection: &mut redis::Connection) -> u64 {
     let info: String = redis::cmd("INFO")
@@ -158,13 +171,7 @@ async fn a_write_refused_in_a_batch_fails_that_check_alone() {
         .filter(|k| cluster.master_for(k) == from && !k.contains("{split}"))
         .take(8)
         .collect();
-    let _: () = redis::cmd("SET")
-        .arg(key)
-        .arg("someone else's")
-        .query(&mut cluster.connection(from))
-        .unwrap();
-    let to = another(&cluster, from);
-    let migration = cluster.begin_migration(key, to);
+    let migration = held_by_someone_else(&cluster, key);
     let mut admin = cluster.connection(from);
     let before = fcalls(&mut admin);
     let logged = {
@@ -212,13 +219,7 @@ async fn a_set_whose_write_is_refused_half_way_keeps_nothing() {
         .map(|i| format!("limiter:{{half-{i}}}:window"))
         .find(|k| cluster.master_for(k) == from)
         .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg(logged)
-        .arg("someone else's")
-        .query(&mut cluster.connection(from))
-        .unwrap();
-    let to = another(&cluster, from);
-    let migration = cluster.begin_migration(logged, to);
+    let migration = held_by_someone_else(&cluster, logged);
     let check = |rule, key| RuleCheck {
         rule,
         key,
