@@ -239,6 +239,40 @@ async fn a_block_held_is_spent_while_redis_is_down_then_the_policy_answers() {
     );
 }
 
+/// Redis down while calls need blocks: the breaker opens, and its log line
+/// names the policy the calls are answered by (`allow` here), not the one
+/// a block's own call used to carry (`deny`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_names_the_calls_policy_when_blocks_fail() {
+    let mut server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .redis(server.url().as_str())
+        .on_backend_error(OnError::Allow)
+        .timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let rule = Rule::fixed_window(COUNT, PERIOD).with_local_quota(100);
+    assert!(limiter.check(&rule, "limiter:warm").await.unwrap().allowed);
+    server.kill();
+    let logs = common::Logs::default();
+    let _logging = tracing::subscriber::set_default(
+        logs.subscriber(tracing_subscriber::filter::LevelFilter::WARN),
+    );
+    // Each key's first call needs a block: every one fails, and is let
+    // through by the policy.
+    for n in 0..5 {
+        let decision = limiter.check(&rule, &format!("limiter:gone:{n}")).await;
+        assert!(decision.unwrap().allowed, "call {n}: the policy allows");
+    }
+    let logged = logs.text();
+    assert!(
+        logged.contains("unavailable") && logged.contains("policy `allow`"),
+        "{logged}"
+    );
+    assert!(!logged.contains("policy `deny`"), "{logged}");
+}
+
 /// Redis hangs (paused) while a call needs a block: the call is answered
 /// by its policy when the block's call times out (500 ms), not sent again
 /// to wait as long once more.

@@ -98,14 +98,46 @@ impl<B: Backend> Failover<B> {
         answer
     }
 
-    /// `call` answered by the failure policy, the backend having failed
-    /// with `error`.
-    fn fail_over(&self, call: &BackendCall<'_>, error: Error) -> Result<Answered, Error> {
-        if !matches!(&error, Error::Backend(e) if e.is::<CircuitOpen>()) {
-            let trip = self.inner.__round_trip(Sealed::NEW, &error);
-            self.breaker.failed(trip, &error, call.on_error);
+    /// `call` answered by the backend (or the over-limit cache); a failure
+    /// of the backend is counted by the breaker, whose log names the
+    /// failure policy `policy` will answer by, and returned as it is, not
+    /// answered by that policy. A local quota's block sends its calls so:
+    /// its failure is answered by the policy of the call it was for
+    /// ([`by_policy`](Failover::by_policy)), not by a block handed out.
+    pub(crate) async fn answer_or_fail(
+        &self,
+        call: BackendCall<'_>,
+        policy: OnError,
+    ) -> Result<Answered, Error> {
+        #[cfg(feature = "redis")]
+        let cache = self.over_limit.as_deref().filter(|_| call.lease.is_none());
+        #[cfg(feature = "redis")]
+        if let Some(decision) = cache.and_then(|c| c.refused(call.rule, call.key, call.cost)) {
+            return Ok(Answered::by_backend(decision, None));
         }
-        self.by_policy(call, error)
+        // The cache, with the time the request left (read only for it).
+        #[cfg(feature = "redis")]
+        let remembering = cache.map(|cache| (cache, std::time::Instant::now()));
+        match self.ask(call).await {
+            Ok(answer) => {
+                self.breaker.succeeded();
+                #[cfg(feature = "redis")]
+                if let Some((cache, sent)) = remembering
+                    && answer.by == ServedBy::Backend
+                {
+                    cache.remember(call.rule, call.key, call.cost, &answer.decision, sent);
+                }
+                Ok(answer)
+            }
+            Err(error @ Error::Backend(_)) => {
+                if !matches!(&error, Error::Backend(e) if e.is::<CircuitOpen>()) {
+                    let trip = self.inner.__round_trip(Sealed::NEW, &error);
+                    self.breaker.failed(trip, &error, policy);
+                }
+                Err(error)
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// `call` answered by its failure policy alone, for a failure the
@@ -204,28 +236,9 @@ impl<B: Backend> Backend for Failover<B> {
     }
 
     async fn __answer(&self, _: Sealed, call: BackendCall<'_>) -> Result<Answered, Error> {
-        #[cfg(feature = "redis")]
-        let cache = self.over_limit.as_deref().filter(|_| call.lease.is_none());
-        #[cfg(feature = "redis")]
-        if let Some(decision) = cache.and_then(|c| c.refused(call.rule, call.key, call.cost)) {
-            return Ok(Answered::by_backend(decision, None));
-        }
-        // The cache, with the time the request left (read only for it).
-        #[cfg(feature = "redis")]
-        let remembering = cache.map(|cache| (cache, std::time::Instant::now()));
-        match self.ask(call).await {
-            Ok(answer) => {
-                self.breaker.succeeded();
-                #[cfg(feature = "redis")]
-                if let Some((cache, sent)) = remembering
-                    && answer.by == ServedBy::Backend
-                {
-                    cache.remember(call.rule, call.key, call.cost, &answer.decision, sent);
-                }
-                Ok(answer)
-            }
-            Err(error @ Error::Backend(_)) => self.fail_over(&call, error),
-            Err(error) => Err(error),
+        match self.answer_or_fail(call, call.on_error).await {
+            Err(error @ Error::Backend(_)) => self.by_policy(&call, error),
+            answer => answer,
         }
     }
 

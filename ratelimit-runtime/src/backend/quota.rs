@@ -348,12 +348,8 @@ impl<B: Backend> LocalQuotas<B> {
             let sent = Instant::now();
             // A failure comes back as an error, for the call's own policy
             // below: the insurance limiter must not hand out a block.
-            let block = BackendCall {
-                cost: want,
-                on_error: OnError::Deny,
-                ..call
-            };
-            let answer = match self.inner.__answer(Sealed::NEW, block).await {
+            let block = BackendCall { cost: want, ..call };
+            let answer = match self.inner.answer_or_fail(block, call.on_error).await {
                 Ok(answer) => answer,
                 Err(error @ Error::Backend(_)) => {
                     // Answered by the call's own policy at once: sent again,
