@@ -186,6 +186,15 @@ impl RuleOverride {
 }
 
 impl Table {
+    /// `Ok` if each of `changes`, as its rule's entry in `source`, makes
+    /// with the other sources' fields a rule its calls can pass.
+    fn check_each(&self, source: Source, changes: &[(String, RuleOverride)]) -> Result<(), Error> {
+        for (name, change) in changes {
+            check(name, &self.merged_with(source, name, Some(*change)))?;
+        }
+        Ok(())
+    }
+
     /// What `name`'s override would be with `change` as its entry in
     /// `source` (`None`: no entry there).
     fn merged_with(
@@ -335,9 +344,7 @@ pub(crate) fn replace_all(
     changes: Vec<(String, RuleOverride)>,
 ) -> Result<usize, Error> {
     let mut table = table();
-    for (name, change) in &changes {
-        check(name, &table.merged_with(source, name, Some(*change)))?;
-    }
+    table.check_each(source, &changes)?;
     let count = changes.len();
     table.replace(source, changes);
     Ok(count)
@@ -351,9 +358,7 @@ pub(crate) fn set_all(
     changes: Vec<(String, RuleOverride)>,
 ) -> Result<usize, Error> {
     let mut table = table();
-    for (name, change) in &changes {
-        check(name, &table.merged_with(source, name, Some(*change)))?;
-    }
+    table.check_each(source, &changes)?;
     let count = changes.len();
     for (name, change) in changes {
         table.put(source, &name, Some(change));

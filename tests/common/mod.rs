@@ -520,18 +520,24 @@ pub fn example_binary(name: &str) -> std::path::PathBuf {
     std::path::PathBuf::from(&path[..path.find('"').unwrap()])
 }
 
+/// This test binary, to run only the ignored test `test`.
+fn worker_command(test: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command.args([
+        test,
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    command
+}
+
 /// This test binary run again as a worker process: only the ignored test
 /// `test`, told what to do through the environment variable `env`; its
 /// standard output piped back (its report), its errors shown.
 pub fn worker(test: &str, env: &str, value: impl AsRef<std::ffi::OsStr>) -> std::process::Child {
-    std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            test,
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    worker_command(test)
         .env(env, value)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
@@ -542,14 +548,7 @@ pub fn worker(test: &str, env: &str, value: impl AsRef<std::ffi::OsStr>) -> std:
 /// [`worker`] told what to do while it runs: its standard input piped (one
 /// request a line), its environment given `envs`.
 pub fn talking_worker(test: &str, envs: &[(&str, &str)]) -> std::process::Child {
-    std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            test,
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    worker_command(test)
         .envs(envs.iter().copied())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
