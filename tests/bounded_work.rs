@@ -11,21 +11,9 @@ use common::{EPOCH_US, redis_backend};
 use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::memory::MemoryBackend;
 use ratelimit_runtime::{ManualClock, Rule};
-use ratelimit_test_support::RedisServer;
+use ratelimit_test_support::{RedisServer, command_stat};
 
 const PILED: u64 = 200_000;
-
-/// The µs the server spent in `FCALL` so far.
-fn fcall_usec(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.connection())
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_fcall:"))
-        .and_then(|stats| stats.split(',').find_map(|s| s.strip_prefix("usec=")))
-        .map_or(0, |usec| usec.parse().unwrap())
-}
 
 /// Adds `members` (score, member) to the sorted set `key`, in chunks.
 fn plant(server: &RedisServer, key: &str, members: impl Iterator<Item = (f64, Vec<u8>)>) {
@@ -78,9 +66,9 @@ async fn dead_leases_go_a_bounded_step_at_a_time() {
     let key = "limiter:piled:leases";
     leases(&server, key, &[("big", 3)]);
     let at = Duration::from_micros(EPOCH_US);
-    let before = fcall_usec(&server);
+    let before = command_stat(&mut server.connection(), "fcall", "usec");
     let decision = redis.acquire_at(&rule, key, 1, 7, at).await.unwrap();
-    let spent = fcall_usec(&server) - before;
+    let spent = command_stat(&mut server.connection(), "fcall", "usec") - before;
     assert!(
         decision.allowed && decision.remaining == 1_000 - 3 - 1,
         "{decision:?}"
@@ -98,9 +86,9 @@ async fn a_refusal_trims_a_bounded_step() {
     let key = "limiter:piled:refused";
     leases(&server, key, &[("a", 1), ("b", 1)]);
     let at = Duration::from_micros(EPOCH_US);
-    let before = fcall_usec(&server);
+    let before = command_stat(&mut server.connection(), "fcall", "usec");
     let decision = redis.acquire_at(&rule, key, 1, 7, at).await.unwrap();
-    let spent = fcall_usec(&server) - before;
+    let spent = command_stat(&mut server.connection(), "fcall", "usec") - before;
     assert!(!decision.allowed, "{decision:?}");
     assert!(spent < 20_000, "one refusal took {spent} µs of the server");
 }
@@ -127,9 +115,9 @@ async fn a_sliding_log_refund_does_a_bounded_step() {
     });
     plant(&server, key, later);
     let then = at + Duration::from_secs(1);
-    let before = fcall_usec(&server);
+    let before = command_stat(&mut server.connection(), "fcall", "usec");
     let refunded = redis.refund_at(&rule, key, &charge, then).await.unwrap();
-    let spent = fcall_usec(&server) - before;
+    let spent = command_stat(&mut server.connection(), "fcall", "usec") - before;
     assert_eq!(
         refunded.remaining,
         1_000_000_000 - PILED - 1 - 1,

@@ -10,7 +10,7 @@ use common::{Subject, count_pass_then_refused_then_budget_returns, same_decision
 use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Algorithm, Backend, OnError, RateLimiter, Rule};
-use ratelimit_test_support::{RedisCluster, first_ok};
+use ratelimit_test_support::{RedisCluster, calls_of, first_ok};
 
 async fn cluster_backend(cluster: &RedisCluster) -> RedisBackend {
     let options = ConnectOptions {
@@ -273,23 +273,6 @@ async fn a_paused_master_counts_only_the_checks_it_answered_in_time() {
     );
 }
 
-/// How many calls of `command` the node on `port` ran since it started.
-fn calls_of(cluster: &RedisCluster, port: u16, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut cluster.connection(port))
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
-}
-
-/// How many script calls (`FCALL`) the node on `port` ran since it started.
-fn fcalls(cluster: &RedisCluster, port: u16) -> u64 {
-    calls_of(cluster, port, "fcall")
-}
-
 /// `n` keys that the master on `port` serves, each of a slot of its own.
 fn keys_on(cluster: &RedisCluster, port: u16, prefix: &str, n: usize) -> Vec<String> {
     (0..)
@@ -334,7 +317,7 @@ async fn without_functions_each_cluster_check_is_its_own_call() {
         cluster
             .masters()
             .iter()
-            .map(|&port| calls_of(cluster, port, "evalsha"))
+            .map(|&port| calls_of(&mut cluster.connection(port), "evalsha"))
             .sum()
     };
     let before = evalshas(&cluster);
@@ -352,7 +335,7 @@ async fn load_of_many_slots(cluster: &RedisCluster, redis: &RedisBackend) -> u64
     let before: u64 = cluster
         .masters()
         .iter()
-        .map(|&port| fcalls(cluster, port))
+        .map(|&port| calls_of(&mut cluster.connection(port), "fcall"))
         .sum();
     let mut tasks = tokio::task::JoinSet::new();
     for task in 0..64 {
@@ -377,7 +360,7 @@ async fn load_of_many_slots(cluster: &RedisCluster, redis: &RedisBackend) -> u64
     let calls: u64 = cluster
         .masters()
         .iter()
-        .map(|&port| fcalls(cluster, port))
+        .map(|&port| calls_of(&mut cluster.connection(port), "fcall"))
         .sum::<u64>()
         - before;
     for (key, allowed) in keys.iter().zip(allowed) {
@@ -413,7 +396,7 @@ async fn a_batch_sent_on_an_out_of_date_slot_map_counts_each_check_once() {
     let redis = cluster_backend(&cluster).await.batch_every_check();
     let rule = Rule::fixed_window(10, Duration::from_secs(60));
     cluster.move_empty_slot(moved, to);
-    let before = fcalls(&cluster, from);
+    let before = calls_of(&mut cluster.connection(from), "fcall");
     let mut tasks = tokio::task::JoinSet::new();
     for key in stay.iter().map(String::as_str).chain([moved]) {
         let (redis, key) = (redis.clone(), key.to_owned());
@@ -429,7 +412,7 @@ async fn a_batch_sent_on_an_out_of_date_slot_map_counts_each_check_once() {
     assert_eq!(counted(&cluster, to, moved), 1.0);
     // The batch reached the old master, and its checks went again alone.
     assert!(
-        fcalls(&cluster, from) - before > 1,
+        calls_of(&mut cluster.connection(from), "fcall") - before > 1,
         "the stale batch was not sent"
     );
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratelimit_runtime::{RateLimiter, Rule};
-use ratelimit_test_support::{RedisCluster, RedisServer};
+use ratelimit_test_support::{RedisCluster, RedisServer, script_calls};
 
 const DAY: Duration = Duration::from_secs(86_400);
 const GLOBAL: Rule = Rule::fixed_window(40, DAY);
@@ -101,23 +101,6 @@ async fn mixed(limiter: &RateLimiter, keys: Keys) {
             "user {user}'s bucket"
         );
     }
-}
-
-/// Script calls so far on `conn`'s server: `EVALSHA` and `FCALL`.
-fn script_calls(conn: &mut redis::Connection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(conn)
-        .expect("INFO commandstats");
-    ["evalsha", "fcall"]
-        .iter()
-        .map(|command| {
-            let prefix = format!("cmdstat_{command}:calls=");
-            info.lines()
-                .find_map(|line| line.strip_prefix(prefix.as_str()))
-                .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-        })
-        .sum()
 }
 
 /// A limiter as built by default (checks coalesced), with a deadline long

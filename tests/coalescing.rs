@@ -8,7 +8,7 @@ use std::time::Duration;
 use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{RateLimiter, Rule};
-use ratelimit_test_support::{RedisServer, first_ok};
+use ratelimit_test_support::{RedisServer, calls_of, first_ok, script_calls};
 
 const RULES: [Rule; 5] = [
     Rule::fixed_window(30, Duration::from_secs(60)),
@@ -18,12 +18,6 @@ const RULES: [Rule; 5] = [
     Rule::gcra(1, Duration::from_secs(60)).with_burst(30),
 ];
 const LEASES: Rule = Rule::concurrency(20, Duration::from_secs(60));
-
-/// Script calls so far: `EVALSHA` (a check alone, or a batch) and `FCALL`
-/// (a batch, where the batch script is a function library).
-fn script_calls(server: &RedisServer) -> u64 {
-    calls_of(server, "evalsha") + calls_of(server, "fcall")
-}
 
 /// The key of rule `r` in the burst: a short one or, every other rule, one
 /// longer than the batch queue keeps in place (so both ways of holding a
@@ -41,7 +35,7 @@ fn key_of(r: usize) -> String {
 /// never exceed 20 in flight, and keys all carry a TTL. Returns how many
 /// script calls carried the checks.
 async fn mixed_burst(limiter: &RateLimiter, server: &RedisServer) -> (u64, u64) {
-    let before = script_calls(server);
+    let before = script_calls(&mut server.connection());
     let mut tasks = Vec::new();
     for (r, rule) in RULES.iter().enumerate() {
         for _ in 0..100 {
@@ -93,7 +87,7 @@ async fn mixed_burst(limiter: &RateLimiter, server: &RedisServer) -> (u64, u64) 
         "{granted} leases, {peak} at once"
     );
     server.assert_all_keys_expire("co:*");
-    let calls = script_calls(server) - before;
+    let calls = script_calls(&mut server.connection()) - before;
     // 500 checks + up to 100 acquires and their releases.
     (calls, 500 + 100 + granted)
 }
@@ -214,19 +208,6 @@ async fn batching(url: &str, functions: bool) -> RedisBackend {
         .batch_every_check()
 }
 
-/// How many times the server ran `command` so far.
-fn calls_of(server: &RedisServer, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.connection())
-        .expect("INFO commandstats");
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|line| line.strip_prefix(prefix.as_str()))
-        .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
-        .unwrap_or(0)
-}
-
 /// The names of the function libraries loaded in the server.
 fn libraries(server: &RedisServer) -> Vec<String> {
     let listed: Vec<Vec<redis::Value>> = redis::cmd("FUNCTION")
@@ -254,10 +235,10 @@ async fn batches_call_the_function_library_and_reload_it_after_function_flush() 
     let check = || ratelimit_runtime::Backend::check(&redis, &rule, "co:function", 1);
     // The library was called when loaded (an empty batch, to see that
     // FCALL is allowed): one call more for the check.
-    let loading = calls_of(&server, "fcall");
+    let loading = calls_of(&mut server.connection(), "fcall");
     assert_eq!(check().await.unwrap().remaining, 29);
-    assert_eq!(calls_of(&server, "fcall"), loading + 1);
-    assert_eq!(calls_of(&server, "evalsha"), 0);
+    assert_eq!(calls_of(&mut server.connection(), "fcall"), loading + 1);
+    assert_eq!(calls_of(&mut server.connection(), "evalsha"), 0);
     let loaded = libraries(&server);
     assert!(
         loaded.len() == 1 && loaded[0].starts_with("ratelimit_"),
@@ -268,7 +249,11 @@ async fn batches_call_the_function_library_and_reload_it_after_function_flush() 
         .query(&mut server.connection())
         .unwrap();
     assert_eq!(check().await.unwrap().remaining, 28);
-    assert_eq!(calls_of(&server, "evalsha"), 1, "sent again by EVALSHA");
+    assert_eq!(
+        calls_of(&mut server.connection(), "evalsha"),
+        1,
+        "sent again by EVALSHA"
+    );
     first_ok(
         "the library loaded again",
         Duration::from_millis(20),
@@ -288,14 +273,14 @@ async fn batches_call_the_function_library_and_reload_it_after_function_flush() 
     // Then batches go by FCALL again.
     let mut remaining = 27;
     first_ok("back to FCALL", Duration::from_millis(20), || {
-        let before = calls_of(&server, "fcall");
+        let before = calls_of(&mut server.connection(), "fcall");
         let expected = remaining;
         remaining -= 1;
         let check = check();
         let server = &server;
         async move {
             assert_eq!(check.await.unwrap().remaining, expected);
-            let fcalls = calls_of(server, "fcall") - before;
+            let fcalls = calls_of(&mut server.connection(), "fcall") - before;
             if fcalls == 1 {
                 Ok(())
             } else {
@@ -310,10 +295,10 @@ async fn batches_call_the_function_library_and_reload_it_after_function_flush() 
         .query(&mut server.connection())
         .unwrap();
     let scripts_only = batching(&server.url(), false).await;
-    let evalshas = calls_of(&server, "evalsha");
+    let evalshas = calls_of(&mut server.connection(), "evalsha");
     let decision = ratelimit_runtime::Backend::check(&scripts_only, &rule, "co:function", 1);
     assert_eq!(decision.await.unwrap().remaining, remaining);
-    assert_eq!(calls_of(&server, "evalsha"), evalshas + 1);
+    assert_eq!(calls_of(&mut server.connection(), "evalsha"), evalshas + 1);
     assert!(libraries(&server).is_empty());
 }
 
@@ -326,13 +311,13 @@ async fn without_functions_batches_go_by_evalsha() {
     let redis = batching(&server.user_url("limited", "-function"), true).await;
     let rule = RULES[0];
     // The library was tried when connecting (missing, and not loaded).
-    let tried = calls_of(&server, "fcall");
+    let tried = calls_of(&mut server.connection(), "fcall");
     for remaining in [29, 28, 27] {
         let decision = ratelimit_runtime::Backend::check(&redis, &rule, "co:acl", 1);
         assert_eq!(decision.await.unwrap().remaining, remaining);
     }
-    assert_eq!(calls_of(&server, "evalsha"), 3);
-    assert_eq!(calls_of(&server, "fcall"), tried);
+    assert_eq!(calls_of(&mut server.connection(), "evalsha"), 3);
+    assert_eq!(calls_of(&mut server.connection(), "fcall"), tried);
     assert!(libraries(&server).is_empty());
     // A user who may load functions but not call them: the same.
     let redis = batching(&server.user_url("loader", "-fcall"), true).await;
@@ -340,7 +325,7 @@ async fn without_functions_batches_go_by_evalsha() {
         let decision = ratelimit_runtime::Backend::check(&redis, &rule, "co:acl", 1);
         assert_eq!(decision.await.unwrap().remaining, remaining);
     }
-    assert_eq!(calls_of(&server, "evalsha"), 5);
+    assert_eq!(calls_of(&mut server.connection(), "evalsha"), 5);
 }
 
 /// Where the server has functions, a check or a release that goes alone
@@ -366,7 +351,10 @@ async fn calls_alone_go_by_the_library_or_by_their_scripts() {
         ("library", &with_functions, "fcall", "FUNCTION"),
         ("scripts", &scripts_only, "evalsha", "SCRIPT"),
     ] {
-        let before = (calls_of(&server, "fcall"), calls_of(&server, "evalsha"));
+        let before = (
+            calls_of(&mut server.connection(), "fcall"),
+            calls_of(&mut server.connection(), "evalsha"),
+        );
         for (i, rule) in RULES.iter().enumerate() {
             let decision = redis.check(rule, &format!("co:alone:{name}:{i}"), 1).await;
             assert_eq!(decision.unwrap().remaining, 29, "{name}: {rule:?}");
@@ -379,7 +367,10 @@ async fn calls_alone_go_by_the_library_or_by_their_scripts() {
         redis.release(&LEASES, &key, 3, 11).await.unwrap();
         let whole = redis.acquire(&LEASES, &key, 20, 12).await.unwrap();
         assert!(whole.allowed, "{name}: the released lease still counts");
-        let calls = (calls_of(&server, "fcall"), calls_of(&server, "evalsha"));
+        let calls = (
+            calls_of(&mut server.connection(), "fcall"),
+            calls_of(&mut server.connection(), "evalsha"),
+        );
         let sent = RULES.len() as u64 + 3;
         match by {
             "fcall" => assert_eq!(calls, (before.0 + sent, before.1), "{name}"),
@@ -441,7 +432,7 @@ async fn mixed_batches_release_exactly_their_own_leases() {
     let server = RedisServer::start();
     let limiter = coalescing(&server).await;
     let rule = Rule::concurrency(1_000, Duration::from_secs(60));
-    let before = script_calls(&server);
+    let before = script_calls(&mut server.connection());
     let mut tasks = Vec::new();
     for t in 0..60u64 {
         let limiter = limiter.clone();
@@ -461,7 +452,7 @@ async fn mixed_batches_release_exactly_their_own_leases() {
         task.await.unwrap();
     }
     // 300 acquires, 300 releases and 300 checks.
-    let calls = script_calls(&server) - before;
+    let calls = script_calls(&mut server.connection()) - before;
     assert!(calls * 2 < 900, "{calls} script calls: not coalesced");
     for k in 0..3 {
         let key = format!("co:units:{k}");

@@ -14,18 +14,7 @@ use std::time::Duration;
 use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Backend, Rule};
-use ratelimit_test_support::{RedisCluster, RedisServer, acl_server, first_ok};
-
-/// How many calls of `command` the node ran so far.
-fn calls_of(connection: &mut redis::Connection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(connection)
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-}
+use ratelimit_test_support::{RedisCluster, RedisServer, acl_server, calls_of, first_ok};
 
 /// Sets the ACL rule `rule` (`-fcall`, `+function`, ..) of the user
 /// `limiter`.

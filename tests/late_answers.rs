@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Algorithm, Backend, ManualClock, OnError, RateLimiter, Rule};
-use ratelimit_test_support::{Proxy, RedisCluster, RedisServer, first_ok};
+use ratelimit_test_support::{Proxy, RedisCluster, RedisServer, calls_of, first_ok};
 
 /// How long the proxy holds a reply back: past the deadline (100 ms) and a
 /// second-long window, within the two seconds a late answer is waited for.
@@ -52,24 +52,13 @@ async fn direct(server: &RedisServer) -> RedisBackend {
     .unwrap()
 }
 
-/// How many calls of `command` the server ran so far.
-fn calls_of(server: &RedisServer, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.connection())
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-}
-
 /// Waits until the server has run one more `FCALL` than `before`: the
 /// give-back of the late answer (nothing else calls it meanwhile). Callers
 /// count from before their other instance's own call, so a give-back that
 /// a loaded machine runs early is counted too.
 async fn given_back(server: &RedisServer, before: u64) {
     first_ok("no give-back", Duration::from_millis(20), || {
-        let calls = calls_of(server, "fcall");
+        let calls = calls_of(&mut server.connection(), "fcall");
         async move {
             if calls > before {
                 Ok(())
@@ -106,7 +95,7 @@ async fn a_late_give_back_stays_out_of_the_next_fixed_window() {
         "the answer is late"
     );
     tokio::time::sleep_until((sent + Duration::from_millis(1300)).into()).await;
-    let before = calls_of(&server, "fcall");
+    let before = calls_of(&mut server.connection(), "fcall");
     assert!(
         other.check(&rule, key, 1).await.unwrap().allowed,
         "a new window"
@@ -139,7 +128,7 @@ async fn a_late_give_back_stays_out_of_a_window_begun_after_a_reset() {
         );
         other.reset(&rule, &key).await.unwrap();
         assert!(other.check(&rule, &key, 1).await.unwrap().allowed);
-        let before = calls_of(&server, "fcall");
+        let before = calls_of(&mut server.connection(), "fcall");
         given_back(&server, before).await;
         let next = other.check(&rule, &key, 1).await.unwrap();
         assert!(
@@ -173,7 +162,7 @@ async fn a_late_give_back_of_a_sliding_window_takes_from_its_own_window() {
     );
     // 0.2 s into the next window: the late call weighs nothing by then.
     tokio::time::sleep_until((sent + Duration::from_millis(700)).into()).await;
-    let before = calls_of(&server, "fcall");
+    let before = calls_of(&mut server.connection(), "fcall");
     assert!(other.check(&rule, key, 1).await.unwrap().allowed);
     given_back(&server, before + 1).await;
     let next = other.check(&rule, key, 1).await.unwrap();
@@ -200,7 +189,7 @@ async fn a_late_give_back_of_a_sliding_log_takes_its_own_entry() {
     );
     tokio::time::sleep_until((sent + Duration::from_millis(1000)).into()).await;
     let first = Instant::now();
-    let before = calls_of(&server, "fcall");
+    let before = calls_of(&mut server.connection(), "fcall");
     assert!(other.check(&rule, key, 1).await.unwrap().allowed);
     given_back(&server, before + 1).await;
     assert!(

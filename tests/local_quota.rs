@@ -13,7 +13,7 @@ mod common;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ratelimit_runtime::{Algorithm, Error, OnError, RateLimiter, Rule};
-use ratelimit_test_support::RedisServer;
+use ratelimit_test_support::{RedisServer, script_calls};
 
 const WORKER_ENV: &str = "RATELIMIT_QUOTA_WORKER";
 /// Separate limiters (own connections) in each worker process.
@@ -35,30 +35,6 @@ fn unix_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// The script calls Redis has run (`FCALL`, `EVALSHA`, `EVAL`): one per
-/// round trip of a check, or of a coalesced batch.
-fn script_calls(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.connection())
-        .unwrap();
-    info.lines()
-        .filter(|l| {
-            ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
-                .iter()
-                .any(|p| l.starts_with(p))
-        })
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 /// Two processes of two limiters each, 50 tasks calling for a second and
 /// a half: exactly `COUNT` pass in all, at most a third as many script
 /// calls reach Redis as there were passes (and refused calls are answered
@@ -66,7 +42,7 @@ fn script_calls(server: &RedisServer) -> u64 {
 fn exact_across_processes(algorithm: Algorithm) {
     let server = RedisServer::start();
     let start_at = unix_ms() + 1_500;
-    let before = script_calls(&server);
+    let before = script_calls(&mut server.connection());
     let children: Vec<_> = (0..2)
         .map(|_| {
             common::worker(
@@ -89,7 +65,7 @@ fn exact_across_processes(algorithm: Algorithm) {
         passed += numbers[0];
         checks += numbers[1];
     }
-    let calls = script_calls(&server) - before;
+    let calls = script_calls(&mut server.connection()) - before;
     assert_eq!(
         passed, COUNT,
         "{algorithm:?}: 4 limiters in 2 processes, count {COUNT}, blocks of up to {BLOCK}"
@@ -356,13 +332,13 @@ async fn an_empty_key_is_refused_without_a_round_trip() {
         passed += u64::from(limiter.check(&rule, key).await.unwrap().allowed);
     }
     assert_eq!(passed, 3);
-    let before = script_calls(&server);
+    let before = script_calls(&mut server.connection());
     for _ in 0..100 {
         let refused = limiter.check(&rule, key).await.unwrap();
         assert!(!refused.allowed);
         assert!(refused.retry_after > Duration::from_secs(3_000));
     }
-    let calls = script_calls(&server) - before;
+    let calls = script_calls(&mut server.connection()) - before;
     assert!(calls <= 2, "{calls} script calls for 100 refusals");
 }
 

@@ -13,7 +13,7 @@ use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::RuleCheck;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Backend, Rule};
-use ratelimit_test_support::{Migration, RedisCluster};
+use ratelimit_test_support::{Migration, RedisCluster, calls_of};
 
 async fn cluster_backend(cluster: &RedisCluster) -> RedisBackend {
     let options = ConnectOptions {
@@ -136,17 +136,6 @@ fn held_by_someone_else(cluster: &RedisCluster, key: &str) -> Migration {
     cluster.begin_migration(key, another(cluster, from))
 }
 
-/// The `FCALL`s the node ran so far.
-fn fcalls(connection: &mut redis::Connection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(connection)
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_fcall:calls="))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-}
-
 /// A cluster master's batch holding a key it cannot write: a sliding log's
 /// key held someone else's string, which the check replaces (deleting it,
 /// then writing the log), in a slot migrating away. The write is refused
@@ -173,7 +162,7 @@ async fn a_write_refused_in_a_batch_fails_that_check_alone() {
         .collect();
     let migration = held_by_someone_else(&cluster, key);
     let mut admin = cluster.connection(from);
-    let before = fcalls(&mut admin);
+    let before = calls_of(&mut admin, "fcall");
     let logged = {
         let redis = redis.clone();
         tokio::spawn(async move { redis.check(&log, key, 1).await })
@@ -190,7 +179,7 @@ async fn a_write_refused_in_a_batch_fails_that_check_alone() {
     let checked = logged.await.unwrap().expect("answered");
     assert!(checked.allowed && checked.remaining == 9, "{checked:?}");
     assert_eq!(
-        fcalls(&mut admin) - before,
+        calls_of(&mut admin, "fcall") - before,
         1,
         "the nine checks in one call on their master"
     );
@@ -228,11 +217,11 @@ async fn a_set_whose_write_is_refused_half_way_keeps_nothing() {
     };
     let set = [check(&window, &counted), check(&log, logged)];
     let mut admin = cluster.connection(from);
-    let before = fcalls(&mut admin);
+    let before = calls_of(&mut admin, "fcall");
     let failed = redis.check_all(&set).await;
     assert!(failed.is_err(), "{failed:?}");
     assert_eq!(
-        fcalls(&mut admin) - before,
+        calls_of(&mut admin, "fcall") - before,
         2,
         "the set in one call (not one per slot), then its give-back"
     );

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
 use ratelimit_runtime::{Backend, Error, OnError, RateLimiter, Rule};
-use ratelimit_test_support::{RedisServer, first_ok};
+use ratelimit_test_support::{RedisServer, first_ok, script_calls};
 
 mod common;
 
@@ -488,22 +488,6 @@ async fn a_degraded_start_goes_to_redis_once_it_is_there() {
     );
 }
 
-/// Script calls so far: `EVALSHA` (a check alone, or a batch) and `FCALL`
-/// (a batch, where the batch script is a function library).
-fn script_calls(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.connection())
-        .expect("INFO commandstats");
-    info.lines()
-        .filter_map(|line| {
-            line.strip_prefix("cmdstat_evalsha:calls=")
-                .or_else(|| line.strip_prefix("cmdstat_fcall:calls="))
-        })
-        .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
-        .sum()
-}
-
 /// A limiter on `server` with the over-limit cache on.
 async fn caching_limiter(server: &RedisServer) -> RateLimiter {
     RateLimiter::builder()
@@ -524,24 +508,24 @@ async fn the_over_limit_cache_refuses_locally_until_the_time_redis_named() {
     assert!(limiter.check(&rule, "limiter:flood").await.unwrap().allowed);
     let refused = limiter.check(&rule, "limiter:flood").await.unwrap();
     assert!(!refused.allowed);
-    let before = script_calls(&server);
+    let before = script_calls(&mut server.connection());
     for _ in 0..50 {
         let local = limiter.check(&rule, "limiter:flood").await.unwrap();
         assert!(!local.allowed);
         assert!(local.retry_after <= refused.retry_after);
     }
     assert_eq!(
-        script_calls(&server),
+        script_calls(&mut server.connection()),
         before,
         "50 refusals without a round trip"
     );
     // Other keys still go to Redis.
     assert!(limiter.check(&rule, "limiter:calm").await.unwrap().allowed);
-    assert_eq!(script_calls(&server), before + 1);
+    assert_eq!(script_calls(&mut server.connection()), before + 1);
     // Past the time Redis named, Redis decides again (and allows).
     tokio::time::sleep(refused.retry_after + Duration::from_millis(20)).await;
     assert!(limiter.check(&rule, "limiter:flood").await.unwrap().allowed);
-    assert_eq!(script_calls(&server), before + 2);
+    assert_eq!(script_calls(&mut server.connection()), before + 2);
 }
 
 /// The over-limit cache follows the rule: after an override raises `count`

@@ -12,10 +12,12 @@ mod cargo;
 mod managed;
 mod migration;
 mod proxy;
+mod stats;
 pub use cargo::cargo;
 pub use managed::{MASTER_NAME, SentinelSet, TestCa, TlsServer, acl_server};
 pub use migration::Migration;
 pub use proxy::Proxy;
+pub use stats::{calls_of, command_stat, script_calls};
 
 /// Where to find `redis-server`: `$RATELIMIT_REDIS_SERVER`, else `redis-server` on `PATH`.
 fn redis_server_bin() -> String {
