@@ -71,7 +71,8 @@ pub(crate) struct Config {
     pub(crate) rules: Vec<RuleConfig>,
     pub(crate) request: Option<Request>,
     /// An HTTP handler whose response the expansion builds: a rule charges
-    /// a client's budget, or it returns `impl Responder`/`impl IntoResponse`.
+    /// a client's budget, it returns `impl Responder`/`impl IntoResponse`,
+    /// or it takes an `HttpCall`.
     /// It then returns `Reply<..>`, with rate-limit headers on allowed
     /// responses too.
     pub(crate) responder: bool,
@@ -142,6 +143,17 @@ impl Config {
             span: by.span(),
             why: format!("`by = {}`", crate::fallback::render(by.to_token_stream())),
         });
+        // An `HttpCall` parameter of the fn's own: a handler whatever its
+        // rules and return type, so a `by = global` rule on a handler
+        // returning `HttpResponse` or `Result<_, E>` sees the app's limiter.
+        let call = call_param(func);
+        if let Some(ident) = &call {
+            handler.get_or_insert_with(|| Handler {
+                span: ident.span(),
+                why: "an `HttpCall` parameter".to_owned(),
+            });
+        }
+        let takes_call = call.is_some();
         let responds = match &func.sig.output {
             ReturnType::Type(_, ty) => match &**ty {
                 Type::ImplTrait(imp)
@@ -156,7 +168,7 @@ impl Config {
                     });
                     true
                 }
-                Type::ImplTrait(imp) if !by_client => {
+                Type::ImplTrait(imp) if !by_client && !takes_call => {
                     cx.error_tokens(
                         imp,
                         "`#[rate_limit]` cannot report a rejection through an `impl Trait` return \
@@ -171,7 +183,7 @@ impl Config {
             },
             ReturnType::Default => false,
         };
-        let responder = responds || by_client;
+        let responder = responds || by_client || takes_call;
         let original_output = match &func.sig.output {
             ReturnType::Type(_, ty) if responder && !matches!(**ty, Type::ImplTrait(_)) => {
                 Some((**ty).clone())
@@ -245,7 +257,7 @@ impl Config {
             }
         }
 
-        let request = responder.then(|| match call_param(func) {
+        let request = responder.then_some(match call {
             Some(ident) => Request::Param(ident),
             None => Request::Injected,
         });

@@ -2,6 +2,7 @@
 //! middleware's rule).
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::decision::RateLimited;
 use crate::error::OnError;
@@ -34,6 +35,8 @@ pub struct Site {
     /// without `key`: its module path and name).
     pub(crate) keyed_as: Option<&'static str>,
     named: OnceLock<RateLimiter>,
+    /// Whether it said it counts apart from the apps' limiters.
+    said_apart: AtomicBool,
     /// How often its shadow refusals are logged.
     shadow_log: LogGate,
     #[cfg(feature = "metrics")]
@@ -56,6 +59,7 @@ impl Site {
             prefix: keys::DEFAULT_PREFIX,
             keyed_as: None,
             named: OnceLock::new(),
+            said_apart: AtomicBool::new(false),
             shadow_log: LogGate::new(),
             #[cfg(feature = "metrics")]
             counters: OnceLock::new(),
@@ -113,7 +117,13 @@ impl Site {
     /// named one (`None` if it is not installed), else the global one.
     pub(crate) fn limiter(&self) -> Option<&RateLimiter> {
         match self.limiter {
-            None => Some(RateLimiter::global()),
+            None => {
+                let global = RateLimiter::global();
+                if RateLimiter::defaulted_beside_app_limiters() {
+                    self.say_apart();
+                }
+                Some(global)
+            }
             Some(name) => {
                 if let Some(limiter) = self.named.get() {
                     return Some(limiter);
@@ -122,6 +132,26 @@ impl Site {
                 Some(self.named.get_or_init(|| limiter))
             }
         }
+    }
+
+    /// Warns, once, that this rule counts in the in-memory default limiter
+    /// while HTTP handlers count in their apps' own: it is on a fn that is
+    /// not an HTTP handler for `#[rate_limit]`, so it never sees the app's
+    /// limiter, and each instance counts it apart.
+    #[cold]
+    fn say_apart(&self) {
+        if self.said_apart.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        tracing::warn!(
+            rule = self.name,
+            "rule checked in this process's in-memory default limiter, while HTTP \
+             handlers use their app's own limiter: its fn is not an HTTP handler for \
+             `#[rate_limit]` (no `by = ip` or `by = header(..)` rule, no `impl Responder` \
+             or `impl IntoResponse` return), so it cannot see the app's limiter. Take an \
+             `HttpCall` parameter to make it one, install the limiter with \
+             `RateLimiter::install()`, or name it with `limiter = \"..\"`"
+        );
     }
 
     /// The refusal of a per-client rule whose client cannot be told.

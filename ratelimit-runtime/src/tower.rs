@@ -62,6 +62,7 @@ pub type RateLimitLayer = Middleware<Parts>;
 impl Middleware<Parts> {
     /// The limiter to use (instead of a request extension or the global one).
     pub fn limiter(mut self, limiter: RateLimiter) -> Self {
+        RateLimiter::note_app_limiter();
         self.limiter = Some(limiter);
         self
     }
@@ -237,11 +238,13 @@ where
     fn limiter(&self) -> &RateLimiter {
         match &self.limiter {
             Some(limiter) => limiter,
-            None => self
-                .parts
-                .extensions
-                .get::<RateLimiter>()
-                .unwrap_or_else(|| RateLimiter::global()),
+            None => match self.parts.extensions.get::<RateLimiter>() {
+                Some(limiter) => {
+                    RateLimiter::note_app_limiter();
+                    limiter
+                }
+                None => RateLimiter::global(),
+            },
         }
     }
 

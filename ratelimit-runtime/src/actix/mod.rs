@@ -33,9 +33,16 @@ use crate::pipeline;
 /// The limiter for this request: the app's (`app_data`) if it has one, else
 /// the global one.
 pub(crate) fn limiter_for(req: &HttpRequest) -> &RateLimiter {
-    req.app_data::<RateLimiter>()
-        .or_else(|| req.app_data::<web::Data<RateLimiter>>().map(|d| &***d))
-        .unwrap_or_else(|| RateLimiter::global())
+    let app = req
+        .app_data::<RateLimiter>()
+        .or_else(|| req.app_data::<web::Data<RateLimiter>>().map(|d| &***d));
+    match app {
+        Some(limiter) => {
+            RateLimiter::note_app_limiter();
+            limiter
+        }
+        None => RateLimiter::global(),
+    }
 }
 
 /// The HTTP options for this request: the app's (`app_data`) if it has

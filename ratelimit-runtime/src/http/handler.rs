@@ -74,6 +74,9 @@ impl HttpCall {
         all: &impl super::Headers,
         header: impl Fn(&str) -> Option<&'h [u8]>,
     ) -> HttpCall {
+        if limiter.is_some() {
+            RateLimiter::note_app_limiter();
+        }
         let client = options
             .as_ref()
             .unwrap_or_else(|| HttpOptions::default_ref())

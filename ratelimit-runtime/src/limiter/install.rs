@@ -1,6 +1,7 @@
 //! The global limiter that `#[rate_limit]` uses, and limiters installed by
 //! name for rules that say `limiter = "name"`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{PoisonError, RwLock};
 
 use once_cell::sync::OnceCell;
@@ -9,6 +10,11 @@ use super::RateLimiter;
 use crate::error::Error;
 
 static GLOBAL: OnceCell<RateLimiter> = OnceCell::new();
+/// The global limiter is the in-memory default a first call took.
+static DEFAULTED: AtomicBool = AtomicBool::new(false);
+/// An HTTP request brought a limiter of its app's own (app data, an
+/// extension).
+static APP_LIMITER_SEEN: AtomicBool = AtomicBool::new(false);
 /// Installed by name; never removed, so each lives as long as the process.
 static NAMED: RwLock<Vec<(Box<str>, &'static RateLimiter)>> = RwLock::new(Vec::new());
 
@@ -55,7 +61,25 @@ impl RateLimiter {
     /// The global limiter: the installed one, else the in-memory default
     /// (which from then on stays the global limiter).
     pub fn global() -> &'static RateLimiter {
-        GLOBAL.get_or_init(RateLimiter::in_memory)
+        GLOBAL.get_or_init(|| {
+            DEFAULTED.store(true, Ordering::Relaxed);
+            RateLimiter::in_memory()
+        })
+    }
+
+    /// Notes that an HTTP request brought its app's own limiter.
+    #[cfg_attr(not(any(feature = "actix", feature = "tower")), allow(dead_code))]
+    pub(crate) fn note_app_limiter() {
+        if !APP_LIMITER_SEEN.load(Ordering::Relaxed) {
+            APP_LIMITER_SEEN.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The global limiter is the in-memory default while apps hand their
+    /// requests limiters of their own: what checks on the global limiter
+    /// count, they count in this process alone, apart from the apps'.
+    pub(crate) fn defaulted_beside_app_limiters() -> bool {
+        APP_LIMITER_SEEN.load(Ordering::Relaxed) && DEFAULTED.load(Ordering::Relaxed)
     }
 
     /// The installed global limiter, if one is (not the in-memory default
