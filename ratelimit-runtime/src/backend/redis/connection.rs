@@ -711,8 +711,8 @@ impl std::fmt::Display for ConnectError {
             write!(
                 f,
                 "{} refused the limiter's credentials or commands ({}): check the user and \
-                 password (redis://user:password@host:port/) and that the user may run INFO, \
-                 SCRIPT, EVALSHA, FUNCTION and FCALL",
+                 password (redis://user:password@host:port/) and that the user may run the \
+                 limiter's commands (the README's `ACL SETUSER` line lists them)",
                 self.at, self.error
             )
         } else {
