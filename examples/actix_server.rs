@@ -26,7 +26,7 @@
 //! - `RATELIMIT_HEADERS` (`draft`, the default; `legacy`, `both` or `none`):
 //!   which rate-limit header fields responses carry.
 //! - `RATELIMIT_OVERRIDES` (`"ip_limit_test.count=10; limitTest.shadow=true"`):
-//!   rule overrides, checked at start-up.
+//!   rule overrides, checked at start-up; they win over the file's.
 //! - `RATELIMIT_OVERRIDES_FILE` (a TOML file with `[rules.NAME]` tables):
 //!   read at start-up and again whenever it changes, while serving; a bad
 //!   file is reported and changes nothing.
@@ -162,7 +162,6 @@ async fn try_again_later(limited: RateLimited) -> impl Responder {
 #[actix_web::main]
 async fn main() -> Result<(), support::Failure> {
     support::init_logs();
-    support::load_overrides()?;
     let http = support::http_options()?;
     let bench_only = std::env::var("BENCH_ONLY").ok();
     if let Some(only) = bench_only.as_deref()
@@ -175,6 +174,8 @@ async fn main() -> Result<(), support::Failure> {
     }
     let (limiter, backend) = support::limiter().await?;
     let middleware = bench_middleware();
+    // Once every rule is known (the middleware's too).
+    support::load_overrides()?;
     let bind = support::bind();
     println!("{}", support::banner(&bind, &backend));
     HttpServer::new(move || {

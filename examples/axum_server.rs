@@ -131,7 +131,6 @@ const LAYER: Rule = Rule::fixed_window(10, Duration::from_secs(10));
 #[tokio::main]
 async fn main() -> Result<(), support::Failure> {
     support::init_logs();
-    support::load_overrides()?;
     // One app in this process: the limiter and the options are installed
     // for it, so the router needs no `Extension` layers (each would cost
     // every request a layer).
@@ -149,6 +148,8 @@ async fn main() -> Result<(), support::Failure> {
         .nest("/layer", layered)
         .merge(bench_endpoints())
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") });
+    // Once every rule is known (the layers' too).
+    support::load_overrides()?;
     let bind = support::bind();
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     println!("{}", support::banner(&bind, &backend));

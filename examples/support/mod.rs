@@ -35,17 +35,21 @@ use ratelimit_runtime::{
     ClientHeader, HeaderStyle, HttpOptions, RateLimited, RateLimiter, RateLimiterBuilder,
 };
 
-/// Loads `RATELIMIT_OVERRIDES`, and `RATELIMIT_OVERRIDES_FILE` (watched).
+/// Loads `RATELIMIT_OVERRIDES_FILE` (watched) and `RATELIMIT_OVERRIDES`,
+/// the variable's settings over the file's. Every rule must be known by
+/// then: call it once the middleware and layers are built.
 pub(crate) fn load_overrides() -> io::Result<()> {
-    ratelimit_runtime::overrides::load_env().map_err(io::Error::other)?;
     if let Ok(path) = std::env::var("RATELIMIT_OVERRIDES_FILE") {
         ratelimit_runtime::overrides::reload_toml(&path).map_err(io::Error::other)?;
         watch_overrides(path.into());
     }
+    ratelimit_runtime::overrides::load_env().map_err(io::Error::other)?;
     Ok(())
 }
 
 /// Re-reads the overrides file whenever it changes (checked every second).
+/// A reload replaces what the file and the variable set, so the variable
+/// is applied again over it.
 fn watch_overrides(path: std::path::PathBuf) {
     std::thread::spawn(move || {
         let mut seen = None;
@@ -54,7 +58,11 @@ fn watch_overrides(path: std::path::PathBuf) {
             if stamp != seen {
                 seen = stamp;
                 match ratelimit_runtime::overrides::reload_toml(&path) {
-                    Ok(n) => println!("overrides from {}: {n} rule(s)", path.display()),
+                    Ok(n) => {
+                        // Checked at start-up: it applies again as it did.
+                        let _ = ratelimit_runtime::overrides::load_env();
+                        println!("overrides from {}: {n} rule(s)", path.display());
+                    }
                     Err(error) => eprintln!("overrides not changed: {error}"),
                 }
             }
