@@ -78,6 +78,37 @@ async fn decisions_are_counted_per_rule_and_outcome() {
     assert_eq!(count("ops-shadow", "shadow_limited"), 2);
 }
 
+#[rate_limit(key = "ops-deny", count = 5, period = 60, limiter = "absent", on_error = deny)]
+async fn denied_when_failing() -> Result<(), RateLimited> {
+    Ok(())
+}
+
+#[rate_limit(key = "ops-allow", count = 5, period = 60, limiter = "absent", on_error = allow)]
+async fn allowed_when_failing() -> Result<(), RateLimited> {
+    Ok(())
+}
+
+/// A call the failure policy answers (here: the rule's limiter is not
+/// installed) is one decision, `allowed` or `limited`, and a
+/// `backend_error` besides; its refusal names the rule.
+#[tokio::test]
+async fn calls_the_failure_policy_answers_are_counted_as_decisions_too() {
+    LazyLock::force(&SNAPSHOTTER);
+    let refused = denied_when_failing().await.unwrap_err();
+    assert!(refused.is_backend_failure());
+    assert_eq!(
+        (refused.name, refused.period),
+        ("ops-deny", Duration::from_secs(60))
+    );
+    assert_eq!(count("ops-deny", "limited"), 1);
+    assert_eq!(count("ops-deny", "backend_error"), 1);
+    for _ in 0..2 {
+        assert!(allowed_when_failing().await.is_ok());
+    }
+    assert_eq!(count("ops-allow", "allowed"), 2);
+    assert_eq!(count("ops-allow", "backend_error"), 2);
+}
+
 #[rate_limit(
     key = "ops-limiter-shadow",
     count = 1,

@@ -179,11 +179,14 @@ fn conclude(
         Ok(permit) => permit,
         Err(Error::Backend(_)) => {
             site.record(Event::BackendError);
-            let refused = RateLimited::backend_unavailable(rule.count());
             if shadow {
+                site.record(Event::Allowed);
                 let permit = Permit::allowed_unchecked(rule);
                 return Ok(pass(site, rule, permit));
             }
+            site.record(Event::Limited);
+            let refused =
+                RateLimited::backend_unavailable(rule.count()).with_rule(rule.period(), site.name);
             tracing::debug!(rule = site.name, key, %refused, "rate limited");
             return Err(refused);
         }
@@ -262,6 +265,7 @@ async fn missing_limiter(site: &Site, key: &str) -> Result<Pass, RateLimited> {
         }
         OnError::Allow => {
             site.record(Event::BackendError);
+            site.record(Event::Allowed);
             Ok(pass(site, rule, Permit::allowed_unchecked(rule)))
         }
         OnError::Deny => {
@@ -419,7 +423,9 @@ pub(crate) async fn check_all_on(
             for &j in &enforced {
                 sites[j].0.record(Event::BackendError);
             }
-            let refused = RateLimited::backend_unavailable(rules[i].0.count());
+            sites[i].0.record(Event::Limited);
+            let refused = RateLimited::backend_unavailable(rules[i].0.count())
+                .with_rule(rules[i].0.period(), sites[i].0.name);
             tracing::debug!(rule = sites[i].0.name, %refused, "rate limited");
             return Err((i, refused));
         }
