@@ -392,7 +392,8 @@ impl HttpOptions {
             Err(error) if self.digest_ips => return Err(error),
             Err(_) => &[],
         };
-        Ok(self.subject_with(secret, ip))
+        // As a request's address is: an IPv4-mapped one is its IPv4 one.
+        Ok(self.subject_with(secret, canonical(ip)))
     }
 
     fn subject_with(&self, secret: &[u8], ip: IpAddr) -> String {

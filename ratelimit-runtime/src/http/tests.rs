@@ -355,3 +355,13 @@ fn client_keys_write_addresses_as_display_does() {
         assert_eq!(digested.ip_key("limiter:api", b"s", ip), digest);
     }
 }
+
+/// An operator's subject for an IPv4-mapped address (as a dual-stack log
+/// writes it) is the one its requests are counted under.
+#[test]
+fn the_subject_of_an_ipv4_mapped_address_is_its_ipv4_ones() {
+    let limiter = crate::limiter::RateLimiter::in_memory();
+    let options = HttpOptions::new();
+    let mapped: IpAddr = "::ffff:1.2.3.4".parse().unwrap();
+    assert_eq!(options.subject_of(&limiter, mapped).unwrap(), ":ip:1.2.3.4");
+}
