@@ -55,7 +55,8 @@ use crate::limiter::RateLimiter;
 ///
 /// Allowed responses carry the rate-limit fields; a refused request gets
 /// `429` with `Retry-After` (a gRPC request, `grpc-status` 8,
-/// `RESOURCE_EXHAUSTED`).
+/// `RESOURCE_EXHAUSTED`; 14, `UNAVAILABLE`, when the limiter cannot
+/// decide).
 pub type RateLimitLayer = Middleware<Parts>;
 
 /// The layer's own settings (the actix-web middleware reads its app's).
@@ -317,8 +318,26 @@ fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
+/// The gRPC status of a refusal of HTTP status `status`: over the limit,
+/// `RESOURCE_EXHAUSTED`; the limiter unable to decide, `UNAVAILABLE` (a
+/// client may try again); an unknown client, `INVALID_ARGUMENT`; the
+/// limiter misconfigured, `INTERNAL`. A status of your own refusal maps as
+/// gRPC's HTTP mapping has it.
+fn grpc_status(status: http::StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 => "3",
+        401 => "16",
+        403 => "7",
+        404 => "12",
+        500 => "13",
+        502..=504 => "14",
+        _ => "8",
+    }
+}
+
 /// A refusal as a response: HTTP's status and fields, or for gRPC a
-/// trailers-only `RESOURCE_EXHAUSTED` (a gRPC client reads no HTTP status).
+/// trailers-only response with the gRPC status (`RESOURCE_EXHAUSTED` over
+/// the limit; a gRPC client reads no HTTP status).
 fn refused<B>(refusal: Refusal, grpc: bool) -> Response<LimitedBody<B>> {
     if grpc {
         let mut response = Response::new(Either::Right(Full::default()));
@@ -327,7 +346,10 @@ fn refused<B>(refusal: Refusal, grpc: bool) -> Response<LimitedBody<B>> {
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/grpc"),
         );
-        headers.insert("grpc-status", HeaderValue::from_static("8"));
+        headers.insert(
+            "grpc-status",
+            HeaderValue::from_static(grpc_status(refusal.status)),
+        );
         if let Ok(message) = HeaderValue::try_from(refusal.body.trim_end()) {
             headers.insert("grpc-message", message);
         }
