@@ -479,9 +479,22 @@ async fn middleware_allow_lists_match_whole_subjects_and_path_segments() {
 }
 
 /// Responses the middleware is told not to count (5xx here) give their
-/// units back.
+/// units back, also when an inner middleware fails with an error (its
+/// status decides).
 #[actix_web::test]
 async fn the_middleware_gives_back_the_units_of_server_errors() {
+    use actix_web::middleware::{Next, from_fn};
+
+    async fn failing(
+        _: actix_web::dev::ServiceRequest,
+        _: Next<impl actix_web::body::MessageBody>,
+    ) -> Result<actix_web::dev::ServiceResponse<impl actix_web::body::MessageBody>, actix_web::Error>
+    {
+        Err::<actix_web::dev::ServiceResponse<String>, _>(
+            actix_web::error::ErrorServiceUnavailable("session store down"),
+        )
+    }
+
     let addr = common::serve_actix!(|| {
         App::new()
             .app_data(RateLimiter::in_memory())
@@ -492,10 +505,16 @@ async fn the_middleware_gives_back_the_units_of_server_errors() {
                     .refund_if(|status| status >= 500),
             )
             .route("/fails", web::get().to(HttpResponse::BadGateway))
+            .service(
+                web::resource("/errs")
+                    .wrap(from_fn(failing))
+                    .route(web::get().to(|| async { "never" })),
+            )
             .route("/works", web::get().to(|| async { "ok" }))
     });
     for _ in 0..5 {
         assert_eq!(get_from(ONE, addr, "/fails", &[]).await.status, 502);
+        assert_eq!(get_from(ONE, addr, "/errs", &[]).await.status, 503);
     }
     let mut statuses = Vec::new();
     for _ in 0..3 {

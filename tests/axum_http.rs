@@ -676,6 +676,33 @@ async fn the_layer_gives_back_the_units_of_server_errors() {
         get_from(ONE, addr, "/works", &[]).await.status,
     ];
     assert_eq!(statuses, [200, 200, 429], "the failures cost nothing");
+
+    // A service failing with an error, which answers no response: as a 500.
+    use tower::{Layer, ServiceExt};
+    let inner = tower::service_fn(|request: http::Request<String>| async move {
+        if request.uri().path() == "/errs" {
+            return Err(std::io::Error::other("down"));
+        }
+        let body = http_body_util::Full::new(bytes::Bytes::from_static(b"ok"));
+        Ok(http::Response::new(body))
+    });
+    let service = RateLimitLayer::new(Rule::fixed_window(2, Duration::from_secs(60)))
+        .name("tower_refund_errors")
+        .limiter(RateLimiter::in_memory())
+        .refund_if(|status| status >= 500)
+        .layer(inner);
+    let call = |path: &'static str| {
+        let request = http::Request::get(path).body(String::new()).unwrap();
+        service.clone().oneshot(request)
+    };
+    for _ in 0..5 {
+        assert!(call("/errs").await.is_err());
+    }
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(call("/works").await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429], "the errors cost nothing");
 }
 
 /// The app builds refusals itself, for attribute handlers and the layer

@@ -125,6 +125,7 @@ impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LimitedService<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
+    S::Error: Send,
     ReqBody: Send + 'static,
     ResBody: Body<Data = bytes::Bytes> + Send,
 {
@@ -226,6 +227,7 @@ impl<S, H, ReqBody, ResBody> Exchange<KeyFn<Parts>> for TowerExchange<'_, S, H, 
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
+    S::Error: Send,
     H: BorrowMut<S>,
     ReqBody: Send + 'static,
     ResBody: Body<Data = bytes::Bytes> + Send,
@@ -288,6 +290,11 @@ where
 
     fn status(response: &Response<ResBody>) -> u16 {
         response.status().as_u16()
+    }
+
+    /// The server fails the request: the client gets no response.
+    fn error_status(_: &S::Error) -> u16 {
+        500
     }
 
     fn finish(mut response: Response<ResBody>, fields: Vec<Field>) -> Self::Answer {

@@ -207,6 +207,10 @@ where
         response.status().as_u16()
     }
 
+    fn error_status(error: &actix_web::Error) -> u16 {
+        error.as_response_error().status_code().as_u16()
+    }
+
     fn finish(mut response: ServiceResponse<B>, fields: Vec<Field>) -> Self::Answer {
         append(response.response_mut(), fields);
         response.map_into_left_body()

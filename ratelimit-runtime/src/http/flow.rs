@@ -66,6 +66,8 @@ pub(crate) trait Exchange<K>: LimitedRequest<K> + Sized {
     fn wait(self, checks: Deferred<K>) -> Self::Waiting;
     /// A response's status.
     fn status(response: &Self::Response) -> u16;
+    /// The status the client gets for the inner service's `error`.
+    fn error_status(error: &Self::Error) -> u16;
     /// The inner service's response with the rate-limit `fields`.
     fn finish(response: Self::Response, fields: Vec<Field>) -> Self::Answer;
 }
@@ -155,8 +157,11 @@ pub(crate) async fn deferred<K, X: Exchange<K>>(
     };
     let refunds = deferred.limit.refund_if.is_some();
     let limiter = refunds.then(|| exchange.limiter().clone());
-    let response = exchange.call().await?;
-    let status = X::status(&response);
+    let answer = exchange.call().await;
+    let status = match &answer {
+        Ok(response) => X::status(response),
+        Err(error) => X::error_status(error),
+    };
     let charges: Vec<_> = passes.iter().map(|pass| pass.permit().charge()).collect();
     // The permits (leases) go once the response is produced.
     drop(passes);
@@ -167,7 +172,7 @@ pub(crate) async fn deferred<K, X: Exchange<K>>(
                 .await;
         }
     }
-    Ok(X::finish(response, fields))
+    answer.map(|response| X::finish(response, fields))
 }
 
 impl<K> Deferred<K> {

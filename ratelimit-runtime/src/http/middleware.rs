@@ -224,7 +224,9 @@ impl<R> Middleware<R> {
 
     /// Give a request's units back when its response's status makes
     /// `refund_if` say so: `.refund_if(|status| status >= 500)` counts no
-    /// request that failed on the server's side.
+    /// request that failed on the server's side. An inner service failing
+    /// with an error has the error's status (actix-web: its response's;
+    /// tower, which answers no response then: 500).
     pub fn refund_if(
         self,
         refund_if: impl Fn(u16) -> bool + Send + Sync + 'static,
