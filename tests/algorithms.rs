@@ -536,6 +536,72 @@ async fn a_concurrency_key_outlives_its_leases_after_a_period_override() {
     server.assert_no_key_without_ttl("limiter:*");
 }
 
+/// A sliding log or a token bucket keeps its state in Redis as long as the
+/// rule in force needs it, after an override that slows the rule. Its TTL
+/// was the rule's it was written under, refreshed only by a period's first
+/// call or an allowed call: the key then expired early and the budget came
+/// back whole (3 per 60 s let 6 through; a bucket slowed to 10 a second
+/// was full again after 2 s, not 20).
+#[tokio::test]
+async fn a_slowed_rule_keeps_its_state_in_redis_as_long_as_it_needs() {
+    let server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .redis(server.url())
+        .build()
+        .await
+        .unwrap();
+    let pttl = |key: &str| {
+        server
+            .keys_with_pttl(key)
+            .first()
+            .map_or(-2, |(_, pttl)| *pttl)
+    };
+    let allowed = async |rule: &Rule, key: &str, cost: u64| {
+        limiter.check_cost(rule, key, cost).await.unwrap().allowed
+    };
+
+    // A sliding log whose period is lengthened: refused, then allowed.
+    let (short, long) = (
+        Rule::sliding_log(3, Duration::from_secs(1)),
+        Rule::sliding_log(3, Duration::from_secs(60)),
+    );
+    for _ in 0..3 {
+        assert!(allowed(&short, "limiter:log:refused", 1).await);
+    }
+    assert!(!allowed(&long, "limiter:log:refused", 1).await);
+    assert!(
+        pttl("limiter:log:refused") >= 59_000,
+        "refused: {} ms",
+        pttl("limiter:log:refused")
+    );
+    let (short, long) = (
+        Rule::sliding_log(4, Duration::from_secs(1)),
+        Rule::sliding_log(4, Duration::from_secs(60)),
+    );
+    for rule in [&short, &short, &long, &long] {
+        assert!(allowed(rule, "limiter:log:allowed", 1).await);
+    }
+    assert!(
+        pttl("limiter:log:allowed") >= 59_000,
+        "allowed: {} ms",
+        pttl("limiter:log:allowed")
+    );
+
+    // A bucket whose rate is lowered, drained under the old one.
+    let fast = Rule::token_bucket(100, Duration::from_secs(1)).with_burst(200);
+    let slow = Rule::token_bucket(10, Duration::from_secs(1)).with_burst(200);
+    for _ in 0..4 {
+        assert!(allowed(&fast, "limiter:bucket", 50).await);
+    }
+    assert!(!allowed(&slow, "limiter:bucket", 50).await);
+    assert!(
+        pttl("limiter:bucket") >= 19_000,
+        "bucket: {} ms",
+        pttl("limiter:bucket")
+    );
+    server.assert_no_key_without_ttl("limiter:*");
+}
+
 /// No call's work grows with its cost or its rule's count: the largest
 /// sliding-log and concurrency rules, with the largest costs they accept,
 /// answer as fast as small ones, Redis answers `PING` within 100 ms

@@ -115,6 +115,16 @@ local function write(...)
     if not dry then return redis_call(...) end
 end
 
+-- Makes `key` live at least `ms` ms more, never less. A key's TTL is set
+-- for the rule it was written under: an override that lengthens the
+-- period or lowers the rate needs its state kept longer, or the budget
+-- comes back whole when the key goes.
+local function outlive(key, ms)
+    if not dry and redis_call('PTTL', key) < ms then
+        redis_call('PEXPIRE', key, text(ms))
+    end
+end
+
 -- Subjects' own limits (a rule built `with_subject_limits`): a hash of
 -- `count` and `burst` at a key of the budget key's slot, its name the
 -- budget key's and "#limit", the budget key braced first when it has no

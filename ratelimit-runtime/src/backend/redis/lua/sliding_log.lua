@@ -102,12 +102,20 @@ local function sliding_log(key, now, slack, count, burst, period, cost)
             if ours == false then write('DEL', key) end
             write('ZADD', key, text(t), call, '+inf', LOG_MARK)
         end
-        -- The key lives until the end of the period after t's.
+        -- The key lives until the end of the period after t's: set by a
+        -- period's first call, made longer by the others if the rule's
+        -- period is (an override).
         local ends = idiv(t, period)
+        local ttl = math.ceil(((ends + 2) * period - now) / 1000) + slack
         if not newest_at or ends > idiv(newest_at, period) then
-            write('PEXPIRE', key, text(math.ceil(((ends + 2) * period - now) / 1000) + slack))
+            write('PEXPIRE', key, text(ttl))
+        else
+            outlive(key, ttl)
         end
         held = held + cost
+    elseif ours and newest_at then
+        -- Kept while its newest call counts, under this rule's period.
+        outlive(key, math.ceil(((idiv(newest_at, period) + 2) * period - now) / 1000) + slack)
     end
 
     local remaining = math.max(count - held, 0)

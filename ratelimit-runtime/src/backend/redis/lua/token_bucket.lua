@@ -62,13 +62,16 @@ end
 
 local function token_bucket(key, now, slack, count, burst, period, cost)
     local capacity = burst * period
-    local tokens, born = token_bucket_at(key, now, count, burst, period)
+    local tokens, born, exists = token_bucket_at(key, now, count, burst, period)
     local need = cost * period
     local allowed = 0
     if tokens >= need then
         allowed = 1
         tokens = tokens - need
         token_bucket_write(key, tokens, now, slack, count, burst, period, born)
+    elseif exists then
+        -- Kept until full again at this rule's rate, as a write would.
+        outlive(key, math.ceil(ceil_div(capacity - tokens, count) / 1000) + slack)
     end
 
     local retry = 0
