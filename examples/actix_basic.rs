@@ -12,8 +12,8 @@ mod support;
 use actix_web::{App, HttpResponse, HttpServer, Responder, get, web};
 use ratelimit_runtime::{RateLimited, RateLimiter, rate_limit};
 
-/// 3 requests per 10 s per client IP. Put `#[rate_limit]` above the route
-/// attribute: the macro then sees the route and adds the request it needs.
+/// 3 requests per 10 s per client IP. `by = ip` makes it a handler for the
+/// attribute, which adds the request it needs; above or below `#[get]`.
 #[rate_limit(key = "ip_limit_test", period = 10, count = 3, by = ip)]
 #[get("/ip")]
 async fn per_ip() -> impl Responder {

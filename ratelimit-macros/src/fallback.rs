@@ -194,7 +194,12 @@ pub(crate) fn call(
     signature: &str,
     fn_name: &Ident,
 ) -> TokenStream {
-    let span = fallback.span();
+    // The fallback's own name (`later` of `Self::later`): on stable, a
+    // path's span is its first segment's, which names only where it is.
+    let span = fallback
+        .segments
+        .last()
+        .map_or_else(|| fallback.span(), |segment| segment.ident.span());
     let message = format!("the fallback must be `{signature}`");
     let label = format!(
         "`{}` is called with `{fn_name}`'s arguments and a `RateLimited`, and returns what \

@@ -81,9 +81,8 @@ impl Site {
 
     /// A call over the limit waits its turn for up to `wait`, then runs
     /// (see [`RateLimiter::until_ready`]); one that cannot go within it is
-    /// refused at once. Only `gcra` and `token_bucket` rules wait: under
-    /// another rule (an override may set one) and in shadow mode, calls are
-    /// checked as without it.
+    /// refused at once. Only `gcra` and `token_bucket` rules wait; in shadow
+    /// mode, calls are checked as without it.
     pub const fn with_wait(mut self, wait: std::time::Duration) -> Site {
         self.wait = Some(wait);
         self
