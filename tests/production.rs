@@ -488,6 +488,46 @@ async fn a_degraded_start_goes_to_redis_once_it_is_there() {
     );
 }
 
+/// One round trip that timed out is one failure for the breaker, however
+/// many checks it carried: a stall as short as a deadline (a fork for a
+/// snapshot, say) does not open the circuit and refuse every call under
+/// `deny`. Each caller counted as a failure of its own, so one batch of
+/// three or more checks opened it.
+///
+/// On one thread, the checks spawned at once are all queued before the
+/// batch task runs: they go in one call.
+#[tokio::test]
+async fn a_timed_out_batch_is_one_failure_for_the_breaker() {
+    let server = RedisServer::start();
+    let deny = RateLimiter::builder()
+        .redis(server.url())
+        .timeout(DEADLINE)
+        .probe_interval(Duration::from_secs(30))
+        .on_backend_error(OnError::Deny)
+        .build()
+        .await
+        .unwrap();
+    let rule = Rule::fixed_window(5, Duration::from_secs(60));
+    assert!(deny.check(&rule, "limiter:warm").await.unwrap().allowed);
+    server.pause();
+    let checks: Vec<_> = (0..12)
+        .map(|i| {
+            let (deny, key) = (deny.clone(), format!("limiter:stalled:{i}"));
+            tokio::spawn(async move { deny.check(&rule, &key).await })
+        })
+        .collect();
+    for check in checks {
+        let failed = check.await.unwrap();
+        assert!(matches!(failed, Err(Error::Backend(_))), "{failed:?}");
+    }
+    server.resume();
+    let after = deny.check(&rule, "limiter:after").await;
+    assert!(
+        after.as_ref().is_ok_and(|d| d.allowed),
+        "one failed round trip left the circuit closed: {after:?}"
+    );
+}
+
 /// A limiter on `server` with the over-limit cache on.
 async fn caching_limiter(server: &RedisServer) -> RateLimiter {
     RateLimiter::builder()

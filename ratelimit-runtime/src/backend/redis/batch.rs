@@ -453,7 +453,10 @@ pub(super) async fn send_batch(
         return;
     }
     // One timer at a time: the next caller's deadline. Once every caller
-    // is answered, the answer is waited for in the background.
+    // is answered, the answer is waited for in the background. Callers
+    // that stop waiting share one failure: this round trip's, which the
+    // breaker counts once however many checks it carried.
+    let timed_out = Shared::new(Error::backend(TimedOut(timeout)));
     let mut run = run;
     let reply = loop {
         let next = replies
@@ -475,7 +478,7 @@ pub(super) async fn send_batch(
                     if *deadline <= now
                         && let Some(reply) = reply.take()
                     {
-                        let _ = reply.send(Err(Error::backend(TimedOut(timeout))));
+                        let _ = reply.send(Err(Error::backend(timed_out.clone())));
                     }
                 }
             }
@@ -484,7 +487,7 @@ pub(super) async fn send_batch(
     let Some(reply) = reply else {
         for (_, reply) in &mut replies {
             if let Some(reply) = reply.take() {
-                let _ = reply.send(Err(Error::backend(TimedOut(timeout))));
+                let _ = reply.send(Err(Error::backend(timed_out.clone())));
             }
         }
         if conn.current().is_none() && !conn.finishing.swap(true, Ordering::AcqRel) {
