@@ -213,3 +213,46 @@ async fn sets_among_coalesced_checks_of_several_slots_of_one_master() {
     })
     .await;
 }
+
+/// Every check of a batch is decided under its own rule, however many
+/// distinct rules the batch holds. A batch numbered its rules in one byte,
+/// for the 128 checks it was thought to hold; but it takes 128 *units*,
+/// and a set is one unit of several checks, so 200 sets of two rules each
+/// brought 256 rules or more, and the later ones were all decided under
+/// rule 255's count.
+///
+/// On one thread, the sets spawned at once are all queued before the batch
+/// task runs.
+#[tokio::test]
+async fn each_check_of_a_batch_of_many_rules_is_decided_under_its_own() {
+    let server = RedisServer::start();
+    let limiter = RateLimiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .await
+        .unwrap();
+    let sets: Vec<_> = (0..200u64)
+        .map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let (a, b) = (
+                    Rule::fixed_window(1_000 + 2 * i, Duration::from_secs(60)),
+                    Rule::fixed_window(1_001 + 2 * i, Duration::from_secs(60)),
+                );
+                let (ka, kb) = (format!("limiter:many:{i}:a"), format!("limiter:many:{i}:b"));
+                let verdict = limiter
+                    .check_all(&[(&a, &ka, 1), (&b, &kb, 1)])
+                    .await
+                    .unwrap();
+                assert!(verdict.allowed());
+                let left: Vec<u64> = verdict.decisions().iter().map(|d| d.remaining).collect();
+                (left, vec![a.count() - 1, b.count() - 1])
+            })
+        })
+        .collect();
+    for set in sets {
+        let (left, expected) = set.await.unwrap();
+        assert_eq!(left, expected, "each check under its own rule");
+    }
+}

@@ -260,21 +260,25 @@ pub(super) async fn run_batches(
         if queue.recv_many(&mut units, MAX_BATCH).await == 0 {
             return;
         }
-        let mut jobs = Vec::with_capacity(units.len());
-        units.into_iter().for_each(|unit| unit.add_to(&mut jobs));
+        // A set is one unit of several checks: the units taken may hold
+        // more checks than a batch, which go in batches of their own.
+        let mut batches: Vec<Vec<Job>> = vec![Vec::with_capacity(units.len())];
+        units
+            .into_iter()
+            .for_each(|unit| add_unit(&mut batches, unit));
         // Let the tasks just woken by the last answer queue their next
         // checks before this batch leaves (a lone check waits for one yield;
         // under load batches come out several times larger).
         tokio::task::yield_now().await;
-        while jobs.len() < MAX_BATCH {
+        while batches.len() == 1 && batches[0].len() < MAX_BATCH {
             match queue.try_recv() {
-                Ok(unit) => unit.add_to(&mut jobs),
+                Ok(unit) => add_unit(&mut batches, unit),
                 Err(_) => break,
             }
         }
-        // Held until every call of the batch is answered.
+        // Held until every call of the batches is answered.
         let held = Arc::new((slot, Busy::enter(Arc::clone(&busy))));
-        for calls in by_call(jobs, &conn) {
+        for calls in batches.into_iter().flat_map(|jobs| by_call(jobs, &conn)) {
             let (conn, scripts, held) =
                 (Arc::clone(&conn), Arc::clone(&scripts), Arc::clone(&held));
             tokio::spawn(async move {
@@ -282,6 +286,18 @@ pub(super) async fn run_batches(
                 drop(held);
             });
         }
+    }
+}
+
+/// Adds `unit` to the last of `batches`, or to a new one when that one is
+/// full: a batch holds at most [`MAX_BATCH`] checks, and a set's members
+/// more, never more than fit the script's one-byte numbers of its rules.
+fn add_unit(batches: &mut Vec<Vec<Job>>, unit: Unit) {
+    if batches.last().is_none_or(|jobs| jobs.len() >= MAX_BATCH) {
+        batches.push(Vec::new());
+    }
+    if let Some(jobs) = batches.last_mut() {
+        unit.add_to(jobs);
     }
 }
 

@@ -251,7 +251,8 @@ pub(super) fn encode<'a>(
             rules.push(rule);
             rules.len() - 1
         });
-        // A batch holds at most 128 checks, so as many rules: one byte, from 1.
+        // A batch holds at most 159 checks (128 and a set's members), so as
+        // many rules: one byte, from 1 (stacked.rs asserts it).
         order.push(u8::try_from(at + 1).unwrap_or(u8::MAX));
     }
     let mut packed = Vec::with_capacity(rules.len() * 6 * 8);

@@ -499,6 +499,9 @@ fn nothing_known() -> Outcome {
 
 /// The most checks a set may have to go in a batch (more go alone).
 const MAX_SET: usize = 32;
+// A batch holds at most `MAX_BATCH` checks and a set's members more; the
+// script numbers its rules in a byte, from 1.
+const _: () = assert!(super::batch::MAX_BATCH + MAX_SET - 1 <= 255);
 
 /// Each check's decision from what its rule's script run answered, and the
 /// stamp of what an allowed check (not a lease) charged.
