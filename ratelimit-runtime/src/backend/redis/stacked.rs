@@ -70,7 +70,7 @@ impl RedisBackend {
                 Err(error) => return Err(error),
             }
         }
-        let groups = self.groups(&keys);
+        let mut groups = self.groups(&keys);
         let mut ran: Vec<Option<(Outcome, Option<u64>)>> = vec![None; checks.len()];
         let mut failed = None;
         // What the groups sent so far took, given back if the caller goes
@@ -85,7 +85,9 @@ impl RedisBackend {
         // each): taking from them to give back at once would hold units
         // other calls are refused by meanwhile.
         let mut looks: Option<Vec<Call>> = None;
-        for group in &groups {
+        let mut next = 0;
+        while let Some(group) = groups.get(next) {
+            next += 1;
             let sent = looks.as_deref().unwrap_or(&calls);
             match self.send_whole(group, &keys, sent).await {
                 Ok((outcomes, now)) => {
@@ -124,6 +126,13 @@ impl RedisBackend {
                     for &i in &group.members {
                         ran[i] = Some((nothing_known(), None));
                     }
+                }
+                // One call for a master's several slots met one of them
+                // migrating, and nothing of it stayed: a call per slot
+                // follows the move (`ASK`).
+                Err(Error::Backend(error)) if group.cross_slot && error.is::<SlotMoved>() => {
+                    groups = slot_groups(&keys);
+                    next = 0;
                 }
                 Err(error) => {
                     failed = Some(error);
@@ -242,21 +251,7 @@ impl RedisBackend {
                 }];
             }
         }
-        let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
-        for (i, &slot) in slots.iter().enumerate() {
-            match by_slot.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, members)) => members.push(i),
-                None => by_slot.push((slot, vec![i])),
-            }
-        }
-        by_slot.sort_by_key(|(slot, _)| *slot);
-        by_slot
-            .into_iter()
-            .map(|(_, members)| Group {
-                members,
-                cross_slot: false,
-            })
-            .collect()
+        slot_groups(keys)
     }
 
     /// One script call of a group, all or nothing: each member's outcome,
@@ -495,6 +490,26 @@ fn nothing_known() -> Outcome {
         retry_after_us: 0,
         limit: 0,
     }
+}
+
+/// The set's checks in one call per slot, in the order of the slots.
+fn slot_groups(keys: &[StoredKey]) -> Vec<Group> {
+    let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let slot = nodes::slot(key.as_bytes());
+        match by_slot.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, members)) => members.push(i),
+            None => by_slot.push((slot, vec![i])),
+        }
+    }
+    by_slot.sort_by_key(|(slot, _)| *slot);
+    by_slot
+        .into_iter()
+        .map(|(_, members)| Group {
+            members,
+            cross_slot: false,
+        })
+        .collect()
 }
 
 /// The most checks a set may have to go in a batch (more go alone).
