@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use ratelimit_runtime::__testing::RedisTestHooks;
 use ratelimit_runtime::backend::redis::{ConnectOptions, RedisBackend};
-use ratelimit_runtime::{Algorithm, Backend, ManualClock, OnError, RateLimiter, Rule};
+use ratelimit_runtime::{
+    Algorithm, Backend, ManualClock, OnError, RateLimited, RateLimiter, Rule, rate_limit,
+};
 use ratelimit_test_support::{Proxy, RedisCluster, RedisServer, calls_of, first_ok};
 
 /// How long the proxy holds a reply back: past the deadline (100 ms) and a
@@ -748,4 +750,56 @@ async fn a_refused_set_whose_caller_left_gives_back_nothing() {
     tokio::time::sleep(LEFT_HELD + Duration::from_millis(600)).await;
     let next = other.peek(&open, a).await.unwrap();
     assert_eq!(next.remaining, 2, "2 used, 3 left: {next:?}");
+}
+
+#[rate_limit(key = "late_enforced", count = 10, period = 60, limiter = "late_sets")]
+#[rate_limit(
+    key = "late_shadowed",
+    count = 10,
+    period = 60,
+    limiter = "late_sets",
+    shadow
+)]
+async fn with_a_shadow_rule() -> Result<(), RateLimited> {
+    Ok(())
+}
+
+/// Stacked rules, one in shadow mode: the others are checked first, then
+/// the shadow rule. A caller that goes away while the shadow rule is
+/// checked (its reply held back) runs no body, so what the others took is
+/// given back. Before, it stayed counted.
+#[tokio::test]
+async fn a_set_left_while_its_shadow_rule_is_checked_keeps_nothing() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    RateLimiter::builder()
+        .redis(format!("redis://127.0.0.1:{}/", proxy.port()))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap()
+        .install_as("late_sets")
+        .unwrap();
+    proxy.delay_reply_to(b"late_shadowed", HELD);
+    let left = tokio::time::timeout(Duration::from_millis(300), with_a_shadow_rule()).await;
+    assert!(left.is_err(), "the shadow rule's reply is held back");
+    let other = direct(&server).await;
+    let enforced = Rule::fixed_window(10, Duration::from_secs(60));
+    first_ok(
+        "the enforced rule's unit is not given back",
+        Duration::from_millis(20),
+        || {
+            let other = &other;
+            let enforced = &enforced;
+            async move {
+                let next = other.peek(enforced, "limiter:late_enforced").await.unwrap();
+                if next.remaining == 9 {
+                    Ok(())
+                } else {
+                    Err(format!("{next:?}"))
+                }
+            }
+        },
+    )
+    .await;
 }

@@ -438,20 +438,62 @@ pub(crate) async fn check_all_on(
             }
         }
     }
-    // Rules in shadow mode, now that the others passed.
-    for (i, (site, key)) in sites.iter().enumerate() {
-        if rules[i].1 {
-            let (rule, shadow) = rules[i];
-            let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
-            let answer = limiter.acquire_with(&rule, key, site.cost, on_error).await;
-            passes[i] = Some(conclude(site, &rule, shadow, key, answer).map_err(|l| (i, l))?);
+    // Rules in shadow mode, now that the others passed. What the others
+    // took is given back if the caller goes away meanwhile: its body never
+    // runs.
+    if rules.iter().any(|&(_, shadow)| shadow) {
+        let mut taken = Untaken {
+            limiter: limiter.clone(),
+            charges: passes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, pass)| {
+                    let charge = pass.as_ref()?.permit().charge()?;
+                    Some((rules[i].0, sites[i].1.to_owned(), charge))
+                })
+                .collect(),
+        };
+        for (i, (site, key)) in sites.iter().enumerate() {
+            if rules[i].1 {
+                let (rule, shadow) = rules[i];
+                let on_error = site.on_error.unwrap_or(limiter.on_backend_error());
+                let answer = limiter.acquire_with(&rule, key, site.cost, on_error).await;
+                passes[i] = Some(conclude(site, &rule, shadow, key, answer).map_err(|l| (i, l))?);
+            }
         }
+        taken.charges.clear();
     }
     let passes: Vec<Pass> = passes.into_iter().flatten().collect();
     for (i, pass) in passes.iter().enumerate() {
         note(seen, i, pass);
     }
     Ok(passes)
+}
+
+/// The charges of a set's enforced rules, given back when dropped unless
+/// cleared: the set's caller went away before it was decided.
+struct Untaken {
+    limiter: RateLimiter,
+    charges: Vec<(Rule, String, crate::decision::Charge)>,
+}
+
+impl Drop for Untaken {
+    fn drop(&mut self) {
+        if self.charges.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (limiter, charges) = (self.limiter.clone(), std::mem::take(&mut self.charges));
+        runtime.spawn(async move {
+            for (rule, key, charge) in charges {
+                if let Err(error) = limiter.refund(&rule, &key, charge).await {
+                    tracing::debug!(%error, "could not give back a set's charge");
+                }
+            }
+        });
+    }
 }
 
 /// Keeps a pass's report for headers.
