@@ -503,12 +503,7 @@ async fn a_concurrency_key_outlives_its_leases_after_a_period_override() {
     let redis = redis_backend(&server).await;
     let short = Rule::concurrency(2, Duration::from_secs(1));
     let long = Rule::concurrency(2, Duration::from_secs(60));
-    let pttl = |key: &str| {
-        server
-            .keys_with_pttl(key)
-            .first()
-            .map_or(-2, |(_, pttl)| *pttl)
-    };
+    let pttl = |key: &str| pttl(&server, key);
 
     // Lengthened: the key had the short rule's TTL.
     let key = "limiter:lengthened";
@@ -536,6 +531,14 @@ async fn a_concurrency_key_outlives_its_leases_after_a_period_override() {
     server.assert_no_key_without_ttl("limiter:*");
 }
 
+/// `key`'s `PTTL` on `server` (-2: gone).
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    server
+        .keys_with_pttl(key)
+        .first()
+        .map_or(-2, |(_, pttl)| *pttl)
+}
+
 /// A sliding log or a token bucket keeps its state in Redis as long as the
 /// rule in force needs it, after an override that slows the rule. Its TTL
 /// was the rule's it was written under, refreshed only by a period's first
@@ -550,12 +553,7 @@ async fn a_slowed_rule_keeps_its_state_in_redis_as_long_as_it_needs() {
         .build()
         .await
         .unwrap();
-    let pttl = |key: &str| {
-        server
-            .keys_with_pttl(key)
-            .first()
-            .map_or(-2, |(_, pttl)| *pttl)
-    };
+    let pttl = |key: &str| pttl(&server, key);
     let allowed = async |rule: &Rule, key: &str, cost: u64| {
         limiter.check_cost(rule, key, cost).await.unwrap().allowed
     };
