@@ -150,6 +150,37 @@ async fn from_env() -> Result<(), RateLimited> {
     Ok(())
 }
 
+#[rate_limit(key = "ops-exposed", count = 10, period = 60, cost = 5)]
+async fn exposed() -> Result<(), RateLimited> {
+    Ok(())
+}
+
+/// An override left below a call's cost when the source above it is
+/// cleared (the environment's count 3 was accepted under code's 10; then
+/// code's is cleared) gives way to the rule as written. Before, every call
+/// failed the cost check and was let through unchecked: no limit at all.
+#[tokio::test]
+async fn an_override_left_below_the_cost_gives_way_to_the_rule() {
+    let _one_at_a_time = OVERRIDES.lock().await;
+    overrides::set(
+        "ops-exposed",
+        RuleOverride {
+            count: Some(10),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    overrides::load_str("ops-exposed.count=3").unwrap();
+    overrides::clear("ops-exposed");
+    let mut passed = 0;
+    for _ in 0..10 {
+        if exposed().await.is_ok() {
+            passed += 1;
+        }
+    }
+    assert_eq!(passed, 2, "10 units of the written rule, 5 a call");
+}
+
 #[tokio::test]
 async fn overrides_apply_while_running_and_keep_the_state() {
     let _one_at_a_time = OVERRIDES.lock().await;

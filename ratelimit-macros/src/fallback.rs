@@ -77,10 +77,12 @@ fn strip(pattern: &mut Pat, keyed: &[String], binds: &mut bool) {
         },
         Pat::TupleStruct(pat) => pat.elems.iter_mut().for_each(|p| strip(p, keyed, binds)),
         Pat::Tuple(pat) => pat.elems.iter_mut().for_each(|p| strip(p, keyed, binds)),
-        Pat::Struct(pat) => pat
-            .fields
-            .iter_mut()
-            .for_each(|f| strip(&mut f.pat, keyed, binds)),
+        Pat::Struct(pat) => pat.fields.iter_mut().for_each(|f| {
+            // A shorthand field (`Login { user, .. }`) prints its pattern
+            // alone: written out, it stays a field when its binding goes.
+            f.colon_token.get_or_insert_with(Default::default);
+            strip(&mut f.pat, keyed, binds);
+        }),
         Pat::Slice(pat) => pat.elems.iter_mut().for_each(|p| strip(p, keyed, binds)),
         Pat::Paren(pat) => strip(&mut pat.pat, keyed, binds),
         Pat::Reference(pat) => strip(&mut pat.pat, keyed, binds),

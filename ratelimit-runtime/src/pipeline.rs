@@ -161,9 +161,16 @@ pub(crate) fn check_now(
 
 /// The rule in force at `site` (overrides applied) and whether it is in
 /// shadow mode on `limiter`.
+/// Overrides that no call of the site's cost could pass (left when a
+/// source above them was cleared) give way to the rule as written: a call
+/// is never let through unchecked for them.
 fn in_force(site: &Site, limiter: &RateLimiter) -> (Rule, bool) {
     let shadow = site.shadow || limiter.is_shadow();
-    crate::registry::effective(site.name, &site.rule, shadow).unwrap_or((site.rule, shadow))
+    match crate::registry::effective(site.name, &site.rule, shadow) {
+        Some((rule, shadow)) if rule.capacity() >= site.cost => (rule, shadow),
+        Some((_, shadow)) => (site.rule, shadow),
+        None => (site.rule, shadow),
+    }
 }
 
 /// The call's fate once the limiter has answered: counted, logged, and

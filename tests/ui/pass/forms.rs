@@ -140,3 +140,23 @@ fn main() {
         .service(result_handler)
         .service(with_fallback);
 }
+
+/// A struct pattern with shorthand fields, one of them in the key, and a
+/// fallback (which takes the arguments again).
+mod shorthand_fields {
+    use ratelimit_runtime::{RateLimited, rate_limit};
+
+    pub struct Login {
+        pub user: String,
+        pub password: String,
+    }
+
+    #[rate_limit(key = "login:{user}", count = 5, fallback = later)]
+    pub async fn login(Login { user, password }: Login) -> String {
+        format!("{user}{password}")
+    }
+
+    async fn later(_: Login, _: RateLimited) -> String {
+        String::new()
+    }
+}
